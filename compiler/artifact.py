@@ -1,0 +1,201 @@
+"""The compiled artifact: one safetensors file holding the trie arrays and a JSON header.
+
+The header carries the format version, the contract and its hash, the registry (its tools and sha256), the
+tokenizer fingerprint, the separator split, and the device footprint with the placement it implies. Files are
+written atomically (temp file + rename), and loading checks everything before anything is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save
+
+from tooltrie.compiler.contract import Contract
+from tooltrie.compiler.tokenizer_info import TokenizerInfo
+from tooltrie.compiler.trie import CompiledTrie, Split, phase_of
+from tooltrie.errors import ArtifactError, ArtifactMismatchError, RegistryError
+from tooltrie.registry.loader import make_registry
+from tooltrie.registry.model import Registry
+
+FORMAT = "tooltrie-artifact"
+FORMAT_VERSION = 1
+# Constant memory is 64 KiB per CUDA module; keep 4 KiB for whatever else the kernel module holds.
+CONSTANT_MEMORY_BUDGET = 60 * 1024
+_HEADER_KEY = "tooltrie"
+
+
+@dataclass(frozen=True)
+class CompileStats:
+    verified_answers: int
+    verified_tools: int
+
+
+@dataclass(frozen=True, eq=False)
+class Artifact:
+    """A compiled registry: trie arrays plus everything needed to check it is used with the right inputs."""
+
+    trie: CompiledTrie
+    registry: Registry
+    contract: Contract
+    tokenizer_fingerprint: str
+    tokenizer_meta: dict[str, Any]
+    split_left: str
+    split_right: str
+    stats: CompileStats
+
+    @classmethod
+    def create(cls, *, registry: Registry, tokenizer: TokenizerInfo, contract: Contract, split: Split,
+               trie: CompiledTrie, stats: CompileStats) -> Artifact:
+        meta = {"source": tokenizer.source, "eos_token": tokenizer.eos_token, "eos_id": tokenizer.eos_id,
+                "vocab_size": tokenizer.vocab_size}
+        return cls(trie=trie, registry=registry, contract=contract, tokenizer_fingerprint=tokenizer.fingerprint,
+                   tokenizer_meta=meta, split_left=split.left, split_right=split.right, stats=stats)
+
+    @property
+    def split(self) -> Split:
+        return Split(self.split_left, self.split_right)
+
+    @property
+    def eos_id(self) -> int:
+        return int(self.tokenizer_meta["eos_id"])
+
+    @property
+    def sha256(self) -> str:
+        """Identity of the compiled grammar: what it was compiled from, and how."""
+        key = json.dumps([FORMAT_VERSION, self.registry.sha256, self.tokenizer_fingerprint, self.contract.sha256,
+                          self.split_left, self.split_right])
+        return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+    def placement(self, budget: int = CONSTANT_MEMORY_BUDGET) -> str:
+        """``"constant"`` when the device arrays fit the constant-memory budget, else ``"global"``."""
+        return "constant" if self.trie.device_bytes <= budget else "global"
+
+    def header(self) -> dict[str, Any]:
+        trie = self.trie
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "artifact_sha256": self.sha256,
+            "contract": self.contract.to_dict(),
+            "contract_sha256": self.contract.sha256,
+            "registry": {"name": self.registry.name, "source": self.registry.source, "sha256": self.registry.sha256,
+                         "tools": [tool.content() for tool in self.registry.tools]},
+            "tokenizer": {"fingerprint": self.tokenizer_fingerprint, **self.tokenizer_meta},
+            "split": {"left": self.split_left, "right": self.split_right},
+            "trie": {"tools": trie.n_tools, "tries": trie.n_tries, "nodes": trie.n_nodes, "edges": trie.n_edges,
+                     "max_depth": trie.max_depth, "device_bytes": trie.device_bytes,
+                     "bytes_per_tool": round(trie.device_bytes / trie.n_tools, 1),
+                     "constant_memory_budget": CONSTANT_MEMORY_BUDGET,
+                     "fits_constant_memory": self.placement() == "constant"},
+            "verification": {"answers": self.stats.verified_answers, "tools": self.stats.verified_tools},
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """What ``tooltrie inspect`` prints: the header without the tools' descriptions."""
+        header = self.header()
+        header["registry"]["tools"] = [{"name": t.name, "pointer": t.pointer} for t in self.registry.tools]
+        header["placement"] = self.placement()
+        return header
+
+    def save(self, path: str | Path) -> Path:
+        """Write atomically: a reader sees the old file or the whole new one, never half of it."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        blob = save(dict(self.trie.arrays()), metadata={_HEADER_KEY: json.dumps(self.header(), ensure_ascii=False)})
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(blob)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, *, tokenizer: TokenizerInfo | None = None, registry: Registry | None = None,
+             contract: Contract | None = None) -> Artifact:
+        """Read and check an artifact; with ``tokenizer``/``registry``/``contract`` given, refuse a mismatch."""
+        path = Path(path)
+        try:
+            with safe_open(str(path), framework="np") as handle:
+                metadata = handle.metadata() or {}
+                arrays = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+        except FileNotFoundError:
+            raise ArtifactError(f"{path}: artifact not found") from None
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ArtifactError(f"{path}: not a readable tooltrie artifact (truncated or corrupt?): {exc}") from None
+        try:
+            header = json.loads(metadata[_HEADER_KEY])
+        except (KeyError, json.JSONDecodeError):
+            raise ArtifactError(f"{path}: safetensors file without a tooltrie header") from None
+        artifact = cls._from_header(header, arrays, path)
+        artifact.check_compatible(tokenizer=tokenizer, registry=registry, contract=contract, where=str(path))
+        return artifact
+
+    @classmethod
+    def _from_header(cls, header: dict[str, Any], arrays: dict[str, Any], path: Path) -> Artifact:
+        if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
+            raise ArtifactError(f"{path}: format {header.get('format')!r} version {header.get('format_version')!r}, "
+                                f"expected {FORMAT!r} version {FORMAT_VERSION}")
+        try:
+            reg = header["registry"]
+            registry = make_registry(reg["tools"], name=reg["name"], source=reg["source"])
+            contract = Contract.from_dict(header["contract"])
+            tokenizer = dict(header["tokenizer"])
+            fingerprint = tokenizer.pop("fingerprint")
+            verification = header["verification"]
+            artifact = cls(trie=CompiledTrie.from_arrays(arrays), registry=registry, contract=contract,
+                           tokenizer_fingerprint=fingerprint, tokenizer_meta=tokenizer,
+                           split_left=header["split"]["left"], split_right=header["split"]["right"],
+                           stats=CompileStats(verified_answers=verification["answers"],
+                                              verified_tools=verification["tools"]))
+        except (KeyError, TypeError, ValueError, RegistryError) as exc:
+            raise ArtifactError(f"{path}: malformed header: {exc!r}") from None
+        if registry.sha256 != reg.get("sha256"):
+            raise ArtifactError(f"{path}: the registry in the header does not match its recorded sha256")
+        if contract.sha256 != header.get("contract_sha256"):
+            raise ArtifactError(f"{path}: the contract in the header does not match its recorded sha256")
+        artifact.trie.validate()
+        if artifact.trie.n_tools != len(registry):
+            raise ArtifactError(f"{path}: trie has {artifact.trie.n_tools} tools, header lists {len(registry)}")
+        return artifact
+
+    def check_compatible(self, *, tokenizer: TokenizerInfo | None = None, registry: Registry | None = None,
+                         contract: Contract | None = None, where: str = "artifact") -> None:
+        """Raise :class:`ArtifactMismatchError` naming what differs from what this artifact was compiled for."""
+        if tokenizer is not None and tokenizer.fingerprint != self.tokenizer_fingerprint:
+            raise ArtifactMismatchError(
+                f"{where}: compiled for tokenizer {self.tokenizer_meta.get('source')} (fingerprint "
+                f"{self.tokenizer_fingerprint[:12]}), used with {tokenizer.source} (fingerprint "
+                f"{tokenizer.fingerprint[:12]}); recompile with this tokenizer")
+        if registry is not None and registry.sha256 != self.registry.sha256:
+            raise ArtifactMismatchError(
+                f"{where}: compiled for registry {self.registry.name!r} (sha256 {self.registry.sha256[:12]}, "
+                f"{len(self.registry)} tools), used with {registry.name!r} from {registry.source} (sha256 "
+                f"{registry.sha256[:12]}, {len(registry)} tools); recompile the registry")
+        if contract is not None and contract.sha256 != self.contract.sha256:
+            raise ArtifactMismatchError(
+                f"{where}: compiled for contract {self.contract.to_dict()} (sha256 {self.contract.sha256[:12]}), "
+                f"used with {contract.to_dict()} (sha256 {contract.sha256[:12]})")
+
+    def token_path(self, names: list[str]) -> list[int]:
+        """The token ids of an answer, read off the trie (without the stop token)."""
+        index = {name: tool for tool, name in enumerate(self.registry.names)}
+        ids: list[int] = []
+        for position, name in enumerate(names):
+            phase = phase_of(position, len(names))
+            edges = self.trie.tool_path(int(self.trie.phase_trie[phase]), index[name])
+            ids += self.trie.edge_token[edges].tolist()
+        return ids
+

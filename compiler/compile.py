@@ -1,0 +1,222 @@
+"""Registry + tokenizer + contract -> a verified trie over canonical token ids.
+
+A tool's path is the exact ids ``tokenizer.encode(render(answer))`` gives it in context, and that context matters:
+with GPT-2-style BPE the space after ``","`` joins the next name (``", get"`` -> ``[",", " get"]``), and some
+pre-tokenizers glue a newline to a name that ends in punctuation (``"}\\n"``). So the separator is split into a
+left part ``L`` (ending a tool that is followed by another) and a right part ``R`` (starting the next tool), and
+each phase of an answer gets its own trie over ``P + name + S`` with ``P`` in {"", R} and ``S`` in {"", L}. The
+first split point for which every sampled answer decomposes exactly is kept; see ``docs/trie.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from tooltrie.compiler.artifact import Artifact, CompileStats
+from tooltrie.compiler.contract import Contract
+from tooltrie.compiler.tokenizer_info import TokenizerInfo
+from tooltrie.compiler.trie import (
+    N_PHASES,
+    PHASE_FIRST_LAST,
+    PHASE_FIRST_MORE,
+    PHASE_NEXT_LAST,
+    PHASE_NEXT_MORE,
+    CompiledTrie,
+    DuplicatePathError,
+    Split,
+    build_trie,
+)
+from tooltrie.errors import CompileError, RegistryError
+from tooltrie.registry.model import Registry
+
+PROGRESS_MIN_TOOLS = 10_000  # show a progress bar from this many tools on
+_ENCODE_CHUNK = 8_192
+_SCREEN_ANSWERS = 64  # answers tried on a split point before the full verification
+
+Progress = Callable[[str, int], None]
+
+
+def compile_registry(
+    registry: Registry,
+    tokenizer: TokenizerInfo,
+    contract: Contract | None = None,
+    *,
+    sample_pairs: int = 1_000,
+    seed: int = 0,
+    progress: bool | None = None,
+) -> Artifact:
+    """Compile ``registry`` into an :class:`Artifact` whose trie paths equal the tokenizer's encodings.
+
+    Every tool is verified in every position (first, middle and last of a three-tool answer with random
+    neighbours), plus ``sample_pairs`` random two-tool answers. Raises :class:`RegistryError` for names the
+    contract or tokenizer cannot carry and :class:`CompileError` when no split of the separator represents
+    the registry.
+
+    >>> from tooltrie.registry import CATALOG_PATH, load_registry
+    >>> artifact = compile_registry(load_registry(CATALOG_PATH), TokenizerInfo.load("smollm2-135m"))
+    >>> artifact.placement, artifact.trie.n_tools, artifact.split
+    ('constant', 47, Split(left='', right=', '))
+    """
+    contract = contract or Contract()
+    names = registry.names
+    for tool in registry.tools:
+        contract.check_name(tool.name, tool.where)
+    show = len(names) >= PROGRESS_MIN_TOOLS if progress is None else progress
+    encoder = _Encoder(tokenizer, show)
+    _check_names_encode(registry, encoder.encode([*names]), tokenizer)
+
+    rng = np.random.default_rng(seed)
+    answers = _verification_answers(len(names), sample_pairs, rng)
+    failures: dict[Split, list[tuple[int, ...]]] = {}
+    for split in _split_candidates(contract.separator):
+        paths = _phase_paths(names, split, encoder)
+        bad = _mismatches(answers[:_SCREEN_ANSWERS], names, split, paths, contract, encoder)
+        if not bad:
+            bad = _mismatches(answers, names, split, paths, contract, encoder)
+        if bad:
+            failures[split] = bad
+            continue
+        trie = _build(paths, registry)
+        _check_hops(trie, registry)
+        stats = CompileStats(verified_answers=len(answers), verified_tools=len(names))
+        return Artifact.create(registry=registry, tokenizer=tokenizer, contract=contract, split=split,
+                               trie=trie, stats=stats)
+    raise CompileError(_describe_failures(failures, names, contract, tokenizer))
+
+
+def _split_candidates(separator: str) -> list[Split]:
+    return [Split(separator[:i], separator[i:]) for i in range(len(separator) + 1)]
+
+
+def _verification_answers(n_tools: int, sample_pairs: int, rng: np.random.Generator) -> list[tuple[int, ...]]:
+    """Each tool once in each position of a three-tool answer, then random pairs; the order is shuffled so a
+    screen of the first few answers sees a spread of tools."""
+    tools = np.arange(n_tools)
+    triples = np.stack([tools, rng.permutation(n_tools), rng.permutation(n_tools)], axis=1)
+    pairs = rng.integers(0, n_tools, size=(sample_pairs, 2))
+    answers: list[tuple[int, ...]] = [tuple(map(int, row)) for row in triples]
+    answers += [tuple(map(int, row)) for row in pairs]
+    return [answers[i] for i in rng.permutation(len(answers))]
+
+
+class _Encoder:
+    """Batched, chunked encoding with an optional progress bar."""
+
+    def __init__(self, tokenizer: TokenizerInfo, show_progress: bool) -> None:
+        self.tokenizer = tokenizer
+        self.show_progress = show_progress
+
+    def encode(self, texts: list[str], what: str = "tokenizing") -> list[list[int]]:
+        if not self.show_progress:
+            return self.tokenizer.encode_batch(texts)
+        from tqdm import tqdm
+
+        out: list[list[int]] = []
+        with tqdm(total=len(texts), desc=what, unit="text", leave=False) as bar:
+            for start in range(0, len(texts), _ENCODE_CHUNK):
+                chunk = texts[start : start + _ENCODE_CHUNK]
+                out += self.tokenizer.encode_batch(chunk)
+                bar.update(len(chunk))
+        return out
+
+
+def _check_names_encode(registry: Registry, encodings: list[list[int]], tokenizer: TokenizerInfo) -> None:
+    special_ids = {tokenizer.token_to_id(token) for token in tokenizer.special_tokens} | {tokenizer.eos_id}
+    for tool, ids in zip(registry.tools, encodings, strict=True):
+        if not ids:
+            raise RegistryError(f"{tool.where}: tool name renders to no tokens with {tokenizer.source}")
+        if special_ids.intersection(ids):
+            raise RegistryError(
+                f"{tool.where}: tool name contains a special token of {tokenizer.source} "
+                f"(e.g. the stop token {tokenizer.eos_token!r}); it could end the answer early"
+            )
+
+
+def _phase_paths(names: list[str], split: Split, encoder: _Encoder) -> dict[int, list[list[int]]]:
+    """Token paths of every tool in each phase (phases with the same affixes share one encoding)."""
+    by_affix: dict[tuple[str, str], list[list[int]]] = {}
+    paths = {}
+    for phase in range(N_PHASES):
+        prefix, suffix = split.affixes(phase)
+        if (prefix, suffix) not in by_affix:
+            by_affix[prefix, suffix] = encoder.encode([prefix + name + suffix for name in names],
+                                                      what=f"tokenizing {prefix + '<name>' + suffix!r}")
+        paths[phase] = by_affix[prefix, suffix]
+    return paths
+
+
+def _mismatches(
+    answers: Sequence[tuple[int, ...]],
+    names: list[str],
+    split: Split,
+    paths: dict[int, list[list[int]]],
+    contract: Contract,
+    encoder: _Encoder,
+) -> list[tuple[int, ...]]:
+    """The answers whose canonical encoding is not the concatenation of their tools' phase paths."""
+    actual = encoder.encode([contract.render([names[t] for t in answer]) for answer in answers], what="verifying")
+    bad = []
+    for answer, ids in zip(answers, actual, strict=True):
+        expected: list[int] = []
+        for position, tool in enumerate(answer):
+            last = position == len(answer) - 1
+            phase = (PHASE_NEXT_LAST if last else PHASE_NEXT_MORE) if position else (
+                PHASE_FIRST_LAST if last else PHASE_FIRST_MORE)
+            expected += paths[phase][tool]
+        if expected != ids:
+            bad.append(answer)
+    return bad
+
+
+def _build(paths: dict[int, list[list[int]]], registry: Registry) -> CompiledTrie:
+    distinct: list[list[list[int]]] = []
+    phase_trie = []
+    for phase in range(N_PHASES):
+        found = next((i for i, seen in enumerate(distinct) if seen is paths[phase]), None)
+        if found is None:
+            distinct.append(paths[phase])
+            found = len(distinct) - 1
+        phase_trie.append(found)
+    try:
+        trie = build_trie(distinct, phase_trie)
+    except DuplicatePathError as exc:
+        a, b = (registry.tools[i] for i in exc.pairs[0])
+        hint = " (they differ only in case: this tokenizer does not tell case apart)" if (
+            a.name.casefold() == b.name.casefold()) else ""
+        raise RegistryError(f"{b.where}: tool name tokenizes exactly like {a.name!r} ({a.where}){hint}") from None
+    trie.validate()
+    return trie
+
+
+def _check_hops(trie: CompiledTrie, registry: Registry) -> None:
+    """A terminal that hops to the next tool must not share a token with the next tries' roots: the token
+    would mean both "a longer name" and "the next tool", and the trie could not tell which."""
+    next_roots = [int(trie.trie_root[trie.phase_trie[p]]) for p in (PHASE_NEXT_MORE, PHASE_NEXT_LAST)]
+    hop_tokens = np.concatenate([trie.edge_token[trie.node_edges(root).start : trie.node_edges(root).stop]
+                                 for root in next_roots])
+    hop_tries = [int(trie.phase_trie[p]) for p in (PHASE_FIRST_MORE, PHASE_NEXT_MORE)]
+    parent = trie.edge_parent()
+    hop_terminal = (trie.node_tool >= 0) & np.isin(trie.node_trie(), hop_tries)
+    clashes = np.nonzero(hop_terminal[parent] & np.isin(trie.edge_token, hop_tokens))[0]
+    if clashes.size:
+        edge = int(clashes[0])
+        tool = registry.tools[int(trie.node_tool[parent[edge]])]
+        raise CompileError(
+            f"{tool.where}: after {tool.name!r} the token {int(trie.edge_token[edge])} both continues a longer "
+            f"tool name and starts the next tool; rename the tools that extend {tool.name!r} or change the separator"
+        )
+
+
+def _describe_failures(
+    failures: dict[Split, list[tuple[int, ...]]], names: list[str], contract: Contract, tokenizer: TokenizerInfo
+) -> str:
+    lines = [f"no split of the separator {contract.separator!r} lets {tokenizer.source} tokenize every answer as "
+             "the concatenation of its tools' paths:"]
+    for split, bad in failures.items():
+        example = contract.render([names[t] for t in bad[0]])
+        culprits = sorted({names[t] for answer in bad[:5] for t in answer})
+        lines.append(f"  split {split.left!r} | {split.right!r}: {len(bad)} answers break, e.g. {example!r} "
+                     f"(tools {culprits})")
+    return "\n".join(lines)

@@ -1,0 +1,133 @@
+"""Per-tokenizer information, built once: the Rust tokenizer, its stop token and a fingerprint.
+
+The fingerprint hashes what decides token ids (vocabulary, merges, normalizer, pre-tokenizer, special tokens,
+the stop token), so an artifact compiled for one tokenizer is refused with another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+from tooltrie.errors import TokenizerError
+
+BUNDLED_TOKENIZERS_DIR = Path(__file__).with_name("tokenizers")
+DEFAULT_TOKENIZER = "smollm2-135m"
+
+# Parts of tokenizer.json that decide which ids a text encodes to (the decoder and padding do not).
+_FINGERPRINT_KEYS = ("model", "normalizer", "pre_tokenizer", "added_tokens")
+
+
+@dataclass(frozen=True, eq=False)
+class TokenizerInfo:
+    """A loaded tokenizer plus what the contract needs from it.
+
+    >>> info = TokenizerInfo.load("gpt2")
+    >>> info.encode("get_weather, get_user")
+    [1136, 62, 23563, 11, 651, 62, 7220]
+    >>> info.eos_token, info.eos_id
+    ('<|endoftext|>', 50256)
+    """
+
+    tokenizer: Tokenizer = field(repr=False)
+    source: str
+    eos_token: str
+    eos_id: int
+    fingerprint: str
+    special_tokens: frozenset[str] = field(repr=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.tokenizer.get_vocab_size(with_added_tokens=True))
+
+    @classmethod
+    def load(cls, source: str | Path | None = None, *, eos_token: str | None = None) -> TokenizerInfo:
+        """Load a Hugging Face fast tokenizer.
+
+        ``source`` is a directory holding ``tokenizer.json`` (and optionally ``tokenizer_config.json``, which
+        names the stop token), a ``tokenizer.json`` file, or the name of a bundled tokenizer
+        (``smollm2-135m``, the default, or ``gpt2``).
+        """
+        path = _resolve(source)
+        json_path = path / "tokenizer.json" if path.is_dir() else path
+        try:
+            text = json_path.read_text(encoding="utf-8")
+            tokenizer = Tokenizer.from_str(text)
+        except FileNotFoundError:
+            raise TokenizerError(f"{json_path}: no tokenizer.json there") from None
+        except Exception as exc:  # the Rust side raises plain Exceptions for malformed files
+            raise TokenizerError(f"{json_path}: not a Hugging Face tokenizer.json: {exc}") from None
+        spec = json.loads(text)
+        special = frozenset(t["content"] for t in spec.get("added_tokens", []) if t.get("special"))
+        eos = eos_token or _configured_eos(json_path.parent) or _guess_eos(special)
+        if eos is None:
+            raise TokenizerError(
+                f"{json_path}: cannot tell the stop token: no tokenizer_config.json with 'eos_token' beside it "
+                f"and none of the usual names among the special tokens; pass eos_token=..."
+            )
+        eos_id = tokenizer.token_to_id(eos)
+        if eos_id is None:
+            raise TokenizerError(f"{json_path}: stop token {eos!r} is not in the vocabulary")
+        fingerprint_parts: dict[str, Any] = {key: spec.get(key) for key in _FINGERPRINT_KEYS}
+        fingerprint_parts["eos"] = [eos, eos_id]
+        canonical = json.dumps(fingerprint_parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return cls(
+            tokenizer=tokenizer,
+            source=str(json_path),
+            eos_token=eos,
+            eos_id=int(eos_id),
+            fingerprint=hashlib.sha256(canonical.encode("utf-8")).hexdigest(),
+            special_tokens=special,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        """Canonical token ids of ``text``, without special tokens added around it."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """``encode`` for many texts at once (parallel in Rust)."""
+        return [list(e.ids) for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    def token_to_id(self, token: str) -> int | None:
+        found = self.tokenizer.token_to_id(token)
+        return None if found is None else int(found)
+
+
+def _resolve(source: str | Path | None) -> Path:
+    if source is None:
+        source = DEFAULT_TOKENIZER
+    path = Path(source)
+    if not path.exists() and (BUNDLED_TOKENIZERS_DIR / str(source)).is_dir():
+        return BUNDLED_TOKENIZERS_DIR / str(source)
+    if not path.exists():
+        bundled = sorted(p.name for p in BUNDLED_TOKENIZERS_DIR.iterdir() if p.is_dir())
+        raise TokenizerError(f"{source}: no such tokenizer file or directory (bundled: {', '.join(bundled)})")
+    return path
+
+
+def _configured_eos(directory: Path) -> str | None:
+    config_path = directory / "tokenizer_config.json"
+    if not config_path.is_file():
+        return None
+    try:
+        eos = json.loads(config_path.read_text(encoding="utf-8")).get("eos_token")
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TokenizerError(f"{config_path}: unreadable tokenizer config: {exc}") from None
+    if isinstance(eos, dict):  # older configs store {"content": "...", ...}
+        eos = eos.get("content")
+    return eos if isinstance(eos, str) else None
+
+
+def _guess_eos(special: frozenset[str]) -> str | None:
+    for candidate in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>", "<eos>", "<|end|>"):
+        if candidate in special:
+            return candidate
+    return None

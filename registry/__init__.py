@@ -1,0 +1,19 @@
+"""Tool registries: loading, validation, and the bundled catalogs.
+
+Bundled (see ``registry/ATTRIBUTION.md``):
+
+- ``CATALOG_PATH``: the 47-tool MetaTool catalog, the embedded default;
+- ``BFCL_PATH``: the 1,853-name BFCL registry, the benchmark registry.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tooltrie.registry.loader import load_registry, make_registry, parse_registry
+from tooltrie.registry.model import Registry, Tool
+
+CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
+BFCL_PATH = Path(__file__).with_name("bfcl.jsonl")
+
+__all__ = ["BFCL_PATH", "CATALOG_PATH", "Registry", "Tool", "load_registry", "make_registry", "parse_registry"]

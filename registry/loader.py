@@ -1,0 +1,214 @@
+"""Read a registry from the formats agents already use, validating at the door.
+
+Formats, picked by extension and shape:
+
+- native YAML (``.yaml``/``.yml``): ``{name?, description?, source?, license?, tools: [{name, description,
+  pointer?, tags?, examples?}]}``; unknown keys are errors (they are usually typos);
+- an OpenAI tools list (``.json``): ``[{"type": "function", "function": {"name", "description", ...}}]``,
+  bare or under ``"tools"``;
+- an MCP ``tools/list`` result (``.json``): ``{"tools": [{"name", "description", "inputSchema"}]}``, bare or
+  inside a JSON-RPC response's ``"result"``;
+- JSONL (``.jsonl``): one ``{"name", "description", ...}`` object per line; extra keys are kept out of the way.
+
+Every error is a :class:`RegistryError` naming the file, the line or index, and the tool.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tooltrie.registry.model import Registry, Tool
+from tooltrie.errors import RegistryError
+
+_NATIVE_TOP_KEYS = frozenset({"name", "description", "source", "license", "tools"})
+_NATIVE_TOOL_KEYS = frozenset({"name", "description", "pointer", "tags", "examples"})
+
+
+@dataclass(frozen=True)
+class _Record:
+    """One raw tool entry and where it was found."""
+
+    fields: dict[str, Any]
+    where: str
+    strict: bool  # native YAML: unknown keys are errors
+
+
+def load_registry(path: str | Path, *, name: str | None = None) -> Registry:
+    """Load and validate a registry file.
+
+    >>> from tooltrie.registry import CATALOG_PATH
+    >>> catalog = load_registry(CATALOG_PATH)
+    >>> len(catalog), catalog.tools[0].name, catalog.tools[0].pointer
+    (47, 'FinanceTool', 'catalog/FinanceTool')
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RegistryError(f"{path}: registry file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RegistryError(f"{path}: cannot read the registry: {exc}") from None
+    return parse_registry(text, source=str(path), suffix=path.suffix.lower(), name=name or path.stem)
+
+
+def parse_registry(text: str, *, source: str, suffix: str, name: str) -> Registry:
+    """Parse registry text whose format is given by a file ``suffix`` (``.yaml``, ``.json``, ``.jsonl``)."""
+    if suffix in (".yaml", ".yml"):
+        records, name = _read_native_yaml(text, source, name)
+    elif suffix == ".jsonl":
+        records = list(_read_jsonl(text, source))
+    elif suffix == ".json":
+        records = list(_read_json(text, source))
+    else:
+        raise RegistryError(f"{source}: unknown registry format {suffix!r}: expected .yaml, .yml, .json or .jsonl")
+    tools = tuple(_tool_from_record(record, registry_name=name) for record in records)
+    _check_registry(tools, source)
+    return Registry(name=name, tools=tools, source=source)
+
+
+def make_registry(entries: list[dict[str, Any]], *, name: str, source: str = "<inline>") -> Registry:
+    """Validate tool entries given as Python mappings (the native schema's fields).
+
+    >>> make_registry([{"name": "get_weather"}, {"name": "get_user"}], name="demo").names
+    ['get_weather', 'get_user']
+    """
+    records = [_Record(fields=_as_mapping(entry, f"{source} (tools[{i}])"), where=f"{source} (tools[{i}])",
+                       strict=True) for i, entry in enumerate(entries)]
+    tools = tuple(_tool_from_record(record, registry_name=name) for record in records)
+    _check_registry(tools, source)
+    return Registry(name=name, tools=tools, source=source)
+
+
+def _read_native_yaml(text: str, source: str, name: str) -> tuple[list[_Record], str]:
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        data = loader.construct_document(root) if root is not None else None
+    except yaml.YAMLError as exc:
+        raise RegistryError(f"{source}: invalid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+    if not isinstance(data, dict):
+        raise RegistryError(f"{source}: expected a mapping with a 'tools' list at the top level, got {_kind(data)}")
+    unknown = sorted(set(map(str, data)) - _NATIVE_TOP_KEYS)
+    if unknown:
+        raise RegistryError(
+            f"{source}: unknown top-level key(s) {unknown}; allowed: {sorted(_NATIVE_TOP_KEYS)}"
+        )
+    tools = data.get("tools")
+    if not isinstance(tools, list):
+        raise RegistryError(f"{source}: 'tools' must be a list of tools, got {_kind(tools)}")
+    tool_nodes = next(value for key, value in root.value if key.value == "tools").value  # type: ignore[union-attr]
+    records = [
+        _Record(fields=_as_mapping(raw, f"{source}:{node.start_mark.line + 1} (tools[{i}])"),
+                where=f"{source}:{node.start_mark.line + 1} (tools[{i}])", strict=True)
+        for i, (raw, node) in enumerate(zip(tools, tool_nodes, strict=True))
+    ]
+    declared = data.get("name", name)
+    if not isinstance(declared, str) or not declared:
+        raise RegistryError(f"{source}: 'name' must be a non-empty string, got {declared!r}")
+    return records, declared
+
+
+def _read_jsonl(text: str, source: str) -> Iterator[_Record]:
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{source}:{line_number}"
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RegistryError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+        yield _Record(fields=_as_mapping(raw, where), where=where, strict=False)
+
+
+def _read_json(text: str, source: str) -> Iterator[_Record]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RegistryError(f"{source}:{exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+    if isinstance(data, dict) and isinstance(data.get("result"), dict):  # a JSON-RPC response to tools/list
+        data = data["result"]
+    if isinstance(data, dict) and "tools" in data:
+        data = data["tools"]
+    if not isinstance(data, list):
+        raise RegistryError(
+            f"{source}: expected an OpenAI tools list or an MCP tools/list result ({{\"tools\": [...]}}), "
+            f"got {_kind(data)}"
+        )
+    for i, raw in enumerate(data):
+        where = f"{source} (tools[{i}])"
+        entry = _as_mapping(raw, where)
+        if "function" in entry or "type" in entry:  # OpenAI: {"type": "function", "function": {...}}
+            if entry.get("type") != "function":
+                raise RegistryError(f"{where}: OpenAI tool type must be 'function', got {entry.get('type')!r}")
+            entry = _as_mapping(entry.get("function"), f"{where}.function")
+        yield _Record(fields=entry, where=where, strict=False)
+
+
+def _tool_from_record(record: _Record, *, registry_name: str) -> Tool:
+    fields, where = record.fields, record.where
+    name = fields.get("name")
+    if not isinstance(name, str):
+        raise RegistryError(f"{where}: tool name must be a string, got {_kind(name)}")
+    where = f"{where} '{name}'"
+    if not name.strip():
+        raise RegistryError(f"{where}: tool name is empty")
+    if name != name.strip():
+        raise RegistryError(f"{where}: tool name has leading or trailing whitespace")
+    if "\n" in name or "\r" in name:
+        raise RegistryError(f"{where}: tool name contains a newline")
+    if record.strict:
+        unknown = sorted(set(map(str, fields)) - _NATIVE_TOOL_KEYS)
+        if unknown:
+            raise RegistryError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(_NATIVE_TOOL_KEYS)}")
+    description = fields.get("description", "")
+    if description is None:
+        description = ""
+    if not isinstance(description, str):
+        raise RegistryError(f"{where}: description must be a string, got {_kind(description)}")
+    pointer = fields.get("pointer", f"{registry_name}/{name}")
+    if not isinstance(pointer, str) or not pointer.strip():
+        raise RegistryError(f"{where}: pointer must be a non-empty string, got {pointer!r}")
+    return Tool(
+        name=name,
+        description=description,
+        pointer=pointer,
+        tags=_string_list(fields.get("tags"), f"{where}: tags"),
+        examples=_string_list(fields.get("examples"), f"{where}: examples"),
+        where=where,
+    )
+
+
+def _check_registry(tools: tuple[Tool, ...], source: str) -> None:
+    if not tools:
+        raise RegistryError(f"{source}: the registry has no tools")
+    first_seen: dict[str, Tool] = {}
+    for tool in tools:
+        earlier = first_seen.setdefault(tool.name, tool)
+        if earlier is not tool:
+            raise RegistryError(f"{tool.where}: duplicate tool name, first defined at {earlier.where}")
+
+
+def _string_list(value: Any, what: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise RegistryError(f"{what} must be a list of strings, got {value!r:.80}")
+    return tuple(value)
+
+
+def _as_mapping(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise RegistryError(f"{where}: expected a mapping (an object), got {_kind(value)}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    return "nothing" if value is None else f"{type(value).__name__} {value!r:.60}"
