@@ -35,7 +35,7 @@ class TokenizerInfo:
     """
 
     tokenizer: Tokenizer = field(repr=False)
-    source: str
+    source: str  # a bundled tokenizer's name, or the path it was loaded from
     eos_token: str
     eos_id: int
     fingerprint: str
@@ -53,7 +53,7 @@ class TokenizerInfo:
         names the stop token), a ``tokenizer.json`` file, or the name of a bundled tokenizer
         (``smollm2-135m``, the default, or ``gpt2``).
         """
-        path = _resolve(source)
+        path, name = _resolve(source)
         json_path = path / "tokenizer.json" if path.is_dir() else path
         try:
             text = json_path.read_text(encoding="utf-8")
@@ -78,7 +78,7 @@ class TokenizerInfo:
         canonical = json.dumps(fingerprint_parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
         return cls(
             tokenizer=tokenizer,
-            source=str(json_path),
+            source=name,
             eos_token=eos,
             eos_id=int(eos_id),
             fingerprint=hashlib.sha256(canonical.encode("utf-8")).hexdigest(),
@@ -101,16 +101,17 @@ class TokenizerInfo:
         return None if found is None else int(found)
 
 
-def _resolve(source: str | Path | None) -> Path:
+def _resolve(source: str | Path | None) -> tuple[Path, str]:
+    """The tokenizer's path, and the name to record: a bundled tokenizer's name, else the path given."""
     if source is None:
         source = DEFAULT_TOKENIZER
     path = Path(source)
     if not path.exists() and (BUNDLED_TOKENIZERS_DIR / str(source)).is_dir():
-        return BUNDLED_TOKENIZERS_DIR / str(source)
+        return BUNDLED_TOKENIZERS_DIR / str(source), str(source)
     if not path.exists():
         bundled = sorted(p.name for p in BUNDLED_TOKENIZERS_DIR.iterdir() if p.is_dir())
         raise TokenizerError(f"{source}: no such tokenizer file or directory (bundled: {', '.join(bundled)})")
-    return path
+    return path, str(path)
 
 
 def _configured_eos(directory: Path) -> str | None:

@@ -1,0 +1,49 @@
+# tooltrie: `make test` sets up everything it needs from scratch (a virtual environment in .venv).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+REGISTRY ?= registry/catalog.yaml
+TOKENIZER ?= smollm2-135m
+# A bundled tokenizer name maps to its file, so the artifact is rebuilt when the tokenizer changes.
+TOKENIZER_FILE := $(if $(wildcard compiler/tokenizers/$(TOKENIZER)/tokenizer.json),compiler/tokenizers/$(TOKENIZER)/tokenizer.json,$(TOKENIZER))
+ARTIFACT ?= build/$(basename $(notdir $(REGISTRY))).trie.safetensors
+COMPILER_SOURCES := $(wildcard compiler/*.py registry/*.py)
+
+.PHONY: install test lint compile-registry inspect demo bench clean
+
+install: $(VENV)/.installed
+
+# torch is installed first and pinned to the CPU wheel: a bare `torch` would pull a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q -e ".[test]"
+	touch $@
+
+test: install
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/mypy tooltrie registry compiler kernels
+
+compile-registry: $(ARTIFACT)
+
+$(ARTIFACT): $(REGISTRY) $(TOKENIZER_FILE) $(COMPILER_SOURCES) | install
+	$(BIN)/tooltrie compile $(REGISTRY) --tokenizer $(TOKENIZER) -o $@
+
+inspect: $(ARTIFACT)
+	$(BIN)/tooltrie inspect $(ARTIFACT)
+
+# The main job on the embedded default: compile the bundled catalog and decode exactly-k answers from it.
+demo: $(ARTIFACT)
+	$(BIN)/tooltrie decode $(ARTIFACT) --k 3 --batch 4
+
+bench: install
+	$(BIN)/python -m pip install -q -e ".[test,bench]"
+	$(BIN)/python bench/bench_compile.py
+	$(BIN)/python bench/bench_step.py
+
+clean:
+	rm -rf build

@@ -1,0 +1,82 @@
+"""The ``tooltrie`` command line: compile, inspect, decode."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from tooltrie.errors import TooltrieError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tooltrie", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    compile_cmd = commands.add_parser("compile", help="compile a registry into a trie artifact")
+    compile_cmd.add_argument("registry", type=Path, help="registry file (.yaml, .json, .jsonl)")
+    compile_cmd.add_argument("--tokenizer", default=None,
+                             help="tokenizer directory, tokenizer.json, or bundled name (default: smollm2-135m)")
+    compile_cmd.add_argument("--separator", default=", ", help="the contract's separator (default: ', ')")
+    compile_cmd.add_argument("-o", "--output", type=Path, required=True, help="artifact file to write")
+    compile_cmd.set_defaults(run=_compile)
+
+    inspect_cmd = commands.add_parser("inspect", help="print an artifact's header and placement as JSON")
+    inspect_cmd.add_argument("artifact", type=Path)
+    inspect_cmd.set_defaults(run=_inspect)
+
+    decode_cmd = commands.add_parser("decode", help="decode with random or tied logits (a check of the rules)")
+    decode_cmd.add_argument("artifact", type=Path)
+    decode_cmd.add_argument("--k", type=int, required=True, help="tools per answer")
+    decode_cmd.add_argument("--batch", type=int, default=4)
+    decode_cmd.add_argument("--seed", type=int, default=0)
+    decode_cmd.add_argument("--logits", choices=("random", "ties"), default="random")
+    decode_cmd.add_argument("--tokenizer", default=None, help="tokenizer the artifact was compiled for")
+    decode_cmd.set_defaults(run=_decode)
+
+    args = parser.parse_args(argv)
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return run(args)
+    except TooltrieError as exc:
+        print(f"tooltrie {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from tooltrie.compiler import Contract, TokenizerInfo, compile_registry
+    from tooltrie.registry import load_registry
+
+    registry = load_registry(args.registry)
+    tokenizer = TokenizerInfo.load(args.tokenizer)
+    artifact = compile_registry(registry, tokenizer, Contract(separator=args.separator))
+    artifact.save(args.output)
+    trie = artifact.trie
+    print(f"{args.output}: {trie.n_tools} tools, {trie.n_nodes} nodes, {trie.n_edges} edges, "
+          f"{trie.device_bytes} device bytes, placement {artifact.placement()}", file=sys.stderr)
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from tooltrie.compiler import Artifact
+
+    print(json.dumps(Artifact.load(args.artifact).summary(), indent=2, ensure_ascii=False))
+    return 0
+
+
+def _decode(args: argparse.Namespace) -> int:
+    from tooltrie.compiler import Artifact, TokenizerInfo
+    from tooltrie.kernels.demo import decode_demo
+
+    artifact = Artifact.load(args.artifact)
+    tokenizer = TokenizerInfo.load(args.tokenizer or artifact.tokenizer_meta["source"])
+    artifact.check_compatible(tokenizer=tokenizer, where=str(args.artifact))
+    for line in decode_demo(artifact, tokenizer, k=args.k, batch=args.batch, seed=args.seed, logits=args.logits):
+        print(json.dumps(line, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
