@@ -1,1 +1,64 @@
-"""placeholder"""
+"""Decoding under a compiled trie: the rules, the batched state, and the backends that apply them.
+
+Backends (one file each): ``reference`` (NumPy, row by row through ``rules.py``: the oracle) and ``cpu``
+(the same step compiled with Numba). ``step(..., backend="auto")`` picks the fastest available.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from tooltrie.compiler.artifact import Artifact
+from tooltrie.kernels.bitmask import (
+    allocate_token_bitmask,
+    apply_token_bitmask_inplace,
+    get_bitmask_shape,
+)
+from tooltrie.kernels.matcher import TrieMatcher
+from tooltrie.kernels.rules import Status
+from tooltrie.kernels.state import BatchState, check_k
+from tooltrie.kernels.vocab import VocabMap
+
+StepFn = Callable[..., npt.NDArray[np.int32]]
+
+
+def _reference() -> StepFn:
+    from tooltrie.kernels.reference import step as reference_step
+
+    return reference_step
+
+
+def _cpu() -> StepFn:
+    from tooltrie.kernels.cpu import step as cpu_step
+
+    return cpu_step
+
+
+BACKENDS: dict[str, Callable[[], StepFn]] = {"reference": _reference, "cpu": _cpu}
+
+
+def step(artifact: Artifact, state: BatchState, logits: Any, *, backend: str = "auto", **options: Any
+         ) -> npt.NDArray[np.int32]:
+    """One decode step for the whole batch; see ``kernels/reference.py`` for the semantics."""
+    name = "cpu" if backend == "auto" else backend
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose from {['auto', *BACKENDS]}")
+    return BACKENDS[name]()(artifact, state, logits, **options)
+
+
+__all__ = [
+    "BACKENDS",
+    "BatchState",
+    "Status",
+    "TrieMatcher",
+    "VocabMap",
+    "allocate_token_bitmask",
+    "apply_token_bitmask_inplace",
+    "check_k",
+    "get_bitmask_shape",
+    "step",
+]

@@ -1,0 +1,101 @@
+"""The rules in the mask, for one slot, written to be read: the oracle every backend is tested against.
+
+A slot is in some trie (picked by its phase, see ``tooltrie.compiler.trie``) at some node and depth. Its legal
+moves are:
+
+- an edge of the node whose count of unused tools is positive. The count is the compiled ``edge_tool_count``
+  minus the used tools whose path crosses the edge; a used tool crosses at most one edge of a node, the one at
+  this depth of its path, so this is one comparison per used tool (a slot has used at most k tools);
+- at a terminal whose tool is unused: **stop** if it is the k-th tool, else a **hop**: the edges of the next
+  phase's root, counted as if the terminal's tool were already used;
+- nothing else. With no legal move the slot is in error (fail loudly); with k <= number of tools that never
+  happens, since every counted edge leads to an unused tool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import IntEnum
+
+from tooltrie.compiler.trie import CompiledTrie, phase_of
+
+
+class Status(IntEnum):
+    RUNNING = 0
+    DONE = 1
+    ERROR = 2
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One answer being decoded. ``used`` lists the finished tools in order."""
+
+    k: int
+    node: int
+    depth: int = 0
+    used: tuple[int, ...] = ()
+    status: Status = Status.RUNNING
+
+    @classmethod
+    def start(cls, trie: CompiledTrie, k: int) -> Slot:
+        return cls(k=k, node=_root(trie, 0, k))
+
+    @property
+    def emitted(self) -> int:
+        return len(self.used)
+
+
+@dataclass(frozen=True)
+class Move:
+    """Where a token leads: an edge of the current node, a hop to the next tool, or the stop."""
+
+    token: int
+    kind: str  # "edge" | "hop" | "stop"
+    edge: int = -1
+
+
+def legal_moves(trie: CompiledTrie, slot: Slot, eos_id: int) -> dict[int, Move]:
+    """Every legal token of ``slot`` and where it leads."""
+    if slot.status is not Status.RUNNING:
+        return {}
+    phase_trie = int(trie.phase_trie[phase_of(slot.emitted, slot.k)])
+    moves = {int(trie.edge_token[e]): Move(int(trie.edge_token[e]), "edge", e)
+             for e in _open_edges(trie, phase_trie, slot.node, slot.depth, slot.used)}
+    tool = int(trie.node_tool[slot.node])
+    if tool >= 0 and tool not in slot.used:
+        if slot.emitted + 1 == slot.k:
+            moves[eos_id] = Move(eos_id, "stop")
+        else:
+            next_trie = int(trie.phase_trie[phase_of(slot.emitted + 1, slot.k)])
+            root = int(trie.trie_root[next_trie])
+            for e in _open_edges(trie, next_trie, root, 0, (*slot.used, tool)):
+                moves[int(trie.edge_token[e])] = Move(int(trie.edge_token[e]), "hop", e)
+    return moves
+
+
+def advance(trie: CompiledTrie, slot: Slot, move: Move) -> Slot:
+    """The slot after taking ``move`` (one of ``legal_moves``)."""
+    if move.kind == "edge":
+        return replace(slot, node=int(trie.edge_child[move.edge]), depth=slot.depth + 1)
+    finished = (*slot.used, int(trie.node_tool[slot.node]))
+    if move.kind == "stop":
+        return replace(slot, used=finished, status=Status.DONE)
+    return replace(slot, node=int(trie.edge_child[move.edge]), depth=1, used=finished)
+
+
+def fail(slot: Slot) -> Slot:
+    return replace(slot, status=Status.ERROR)
+
+
+def _open_edges(trie: CompiledTrie, phase_trie: int, node: int, depth: int, used: tuple[int, ...]) -> list[int]:
+    edges = trie.node_edges(node)
+    counts = {e: int(trie.edge_tool_count[e]) for e in edges}
+    for tool in used:
+        path = trie.tool_path(phase_trie, tool)
+        if depth < len(path) and int(path[depth]) in counts:
+            counts[int(path[depth])] -= 1
+    return [e for e in edges if counts[e] > 0]
+
+
+def _root(trie: CompiledTrie, emitted: int, k: int) -> int:
+    return int(trie.trie_root[trie.phase_trie[phase_of(emitted, k)]])
