@@ -19,6 +19,8 @@ from tooltrie.errors import TokenizerError
 BUNDLED_TOKENIZERS_DIR = Path(__file__).with_name("tokenizers")
 DEFAULT_TOKENIZER = "smollm2-135m"
 
+# Markers after which a reasoning model's answer starts; the constraint begins on the token after one.
+REASONING_END_MARKERS = ("</think>", "</thinking>", "<|end_of_thought|>", "</reasoning>")
 # Parts of tokenizer.json that decide which ids a text encodes to (the decoder and padding do not).
 _FINGERPRINT_KEYS = ("model", "normalizer", "pre_tokenizer", "added_tokens")
 
@@ -84,6 +86,15 @@ class TokenizerInfo:
             fingerprint=hashlib.sha256(canonical.encode("utf-8")).hexdigest(),
             special_tokens=special,
         )
+
+    @property
+    def reasoning_end_id(self) -> int | None:
+        """The id of a reasoning-end marker (``</think>`` and the like) if the vocabulary has one."""
+        for marker in REASONING_END_MARKERS:
+            found = self.tokenizer.token_to_id(marker)
+            if found is not None:
+                return int(found)
+        return None
 
     def encode(self, text: str) -> list[int]:
         """Canonical token ids of ``text``, without special tokens added around it."""

@@ -19,24 +19,55 @@ from tooltrie.errors import DecodeError
 from tooltrie.kernels.rules import Slot, Status
 
 RUNNING, DONE, ERROR = int(Status.RUNNING), int(Status.DONE), int(Status.ERROR)
+Column = npt.NDArray[np.int32]  # a view into the table: writes go through
+
+
+# Columns of the state table; a slot's used tools fill the columns from USED on, -1 after the last.
+K, NODE, DEPTH, EMITTED, STATUS, CONSTRAINED, THINKING, USED = range(8)
 
 
 @dataclass(eq=False)
 class BatchState:
-    """Arrays indexed by slot. ``used[i, :emitted[i]]`` are slot i's finished tools, in order.
+    """One int32 table, a row per slot (one array to pass to a kernel, one to reorder on eviction).
 
-    ``constrained[i]`` is False for rows without a grammar (plain argmax); ``thinking[i]`` is True while a
-    reasoning model has not yet emitted its reasoning-end marker (the constraint starts after it).
+    ``used[i, :emitted[i]]`` are slot i's finished tools, in order. ``constrained[i]`` is 0 for rows without a
+    grammar (plain argmax); ``thinking[i]`` is 1 while a reasoning model has not yet emitted its
+    reasoning-end marker (the constraint starts after it).
     """
 
-    k: npt.NDArray[np.int32]
-    node: npt.NDArray[np.int32]
-    depth: npt.NDArray[np.int32]
-    emitted: npt.NDArray[np.int32]
-    used: npt.NDArray[np.int32]
-    status: npt.NDArray[np.int32]
-    constrained: npt.NDArray[np.bool_]
-    thinking: npt.NDArray[np.bool_]
+    table: npt.NDArray[np.int32]
+
+    @property
+    def k(self) -> Column:
+        return self.table[:, K]
+
+    @property
+    def node(self) -> Column:
+        return self.table[:, NODE]
+
+    @property
+    def depth(self) -> Column:
+        return self.table[:, DEPTH]
+
+    @property
+    def emitted(self) -> Column:
+        return self.table[:, EMITTED]
+
+    @property
+    def status(self) -> Column:
+        return self.table[:, STATUS]
+
+    @property
+    def constrained(self) -> Column:
+        return self.table[:, CONSTRAINED]
+
+    @property
+    def thinking(self) -> Column:
+        return self.table[:, THINKING]
+
+    @property
+    def used(self) -> Column:
+        return self.table[:, USED:]
 
     @classmethod
     def start(cls, artifact: Artifact, ks: Sequence[int], *, constrained: Sequence[bool] | None = None,
@@ -49,18 +80,14 @@ class BatchState:
             if has_grammar:
                 check_k(int(k), n_tools, where=f"slot {row}")
         width = int(k_max if k_max is not None else max(1, int(ks_array.max(initial=1))))
-        roots = np.array([artifact.trie.trie_root[artifact.trie.phase_trie[phase_of(0, max(int(k), 1))]]
-                          for k in ks_array], dtype=np.int32)
-        return cls(
-            k=ks_array,
-            node=roots,
-            depth=np.zeros(len(ks_array), np.int32),
-            emitted=np.zeros(len(ks_array), np.int32),
-            used=np.full((len(ks_array), width), -1, np.int32),
-            status=np.zeros(len(ks_array), np.int32),
-            constrained=constrained_array,
-            thinking=np.zeros(len(ks_array), bool) if thinking is None else np.asarray(thinking, bool),
-        )
+        table = np.zeros((len(ks_array), USED + width), dtype=np.int32)
+        table[:, USED:] = -1
+        table[:, K] = ks_array
+        table[:, NODE] = [artifact.trie.trie_root[artifact.trie.phase_trie[phase_of(0, max(int(k), 1))]]
+                          for k in ks_array]
+        table[:, CONSTRAINED] = constrained_array
+        table[:, THINKING] = False if thinking is None else np.asarray(thinking, bool)
+        return cls(table)
 
     def __len__(self) -> int:
         return len(self.k)
@@ -85,7 +112,7 @@ class BatchState:
         if constrained:
             check_k(k, artifact.trie.n_tools, where=f"slot {row}")
         if k > self.used.shape[1]:
-            self.used = np.pad(self.used, ((0, 0), (0, k - self.used.shape[1])), constant_values=-1)
+            self.table = np.pad(self.table, ((0, 0), (0, k - self.used.shape[1])), constant_values=-1)
         self.k[row] = k
         self.constrained[row], self.thinking[row] = constrained, thinking
         self.set_slot(row, Slot.start(artifact.trie, max(k, 1)))
@@ -99,8 +126,7 @@ class BatchState:
         if not np.array_equal(np.sort(kept), np.arange(len(kept))):
             raise DecodeError(f"batch_mapping must send kept slots to 0..{len(kept) - 1} exactly once, got {kept}")
         order = np.argsort(np.where(mapping >= 0, mapping, len(self)), kind="stable")[: len(kept)]
-        for name in ("k", "node", "depth", "emitted", "used", "status", "constrained", "thinking"):
-            setattr(self, name, np.ascontiguousarray(getattr(self, name)[order]))
+        self.table = np.ascontiguousarray(self.table[order])
 
 
 def check_k(k: int, n_tools: int, *, where: str = "request") -> None:

@@ -8,6 +8,7 @@ is then never legal (a constrained slot whose every legal token is pruned fails 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -22,8 +23,8 @@ class VocabMap:
 
     @classmethod
     def identity(cls, vocab_size: int) -> VocabMap:
-        ids = np.arange(vocab_size, dtype=np.int32)
-        return cls(output_to_full=ids, full_to_output=ids)
+        """The map of an unpruned vocabulary (cached: steps ask for it every time)."""
+        return _identity(vocab_size)
 
     @classmethod
     def from_output_ids(cls, output_to_full: npt.ArrayLike, full_vocab_size: int) -> VocabMap:
@@ -36,3 +37,10 @@ class VocabMap:
         inverse = np.full(full_vocab_size, -1, dtype=np.int32)
         inverse[forward] = np.arange(len(forward), dtype=np.int32)
         return cls(output_to_full=forward.astype(np.int32), full_to_output=inverse)
+
+
+@lru_cache(maxsize=8)
+def _identity(vocab_size: int) -> VocabMap:
+    ids = np.arange(vocab_size, dtype=np.int32)
+    ids.setflags(write=False)
+    return VocabMap(output_to_full=ids, full_to_output=ids)
