@@ -24,9 +24,15 @@ $(VENV)/.installed: pyproject.toml
 test: install
 	$(BIN)/python -m pytest
 
+# mypy cannot follow the editable install's folder mapping (tooltrie.kernels -> kernels/), so it checks a
+# tree of links laid out as the installed package.
+TYPECHECK := build/typecheck
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy tooltrie registry compiler kernels
+	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/tooltrie
+	for f in tooltrie/*.py tooltrie/py.typed; do ln -s ../../../$$f $(TYPECHECK)/tooltrie/; done
+	for d in registry compiler kernels serve eval; do ln -s ../../../$$d $(TYPECHECK)/tooltrie/$$d; done
+	cd $(TYPECHECK) && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p tooltrie
 
 compile-registry: $(ARTIFACT)
 

@@ -99,11 +99,17 @@ class Artifact:
         }
 
     def summary(self) -> dict[str, Any]:
-        """What ``tooltrie inspect`` prints: the header without the tools' descriptions."""
+        """What ``tooltrie inspect`` prints: placement and sizes first, the tools (name, pointer) last."""
         header = self.header()
-        header["registry"]["tools"] = [{"name": t.name, "pointer": t.pointer} for t in self.registry.tools]
-        header["placement"] = self.placement()
-        return header
+        registry = header.pop("registry")
+        registry["tools"] = len(self.registry)
+        return {
+            "placement": self.placement(),
+            "trie": header.pop("trie"),
+            "registry": registry,
+            **header,
+            "tools": [{"name": t.name, "pointer": t.pointer} for t in self.registry.tools],
+        }
 
     def save(self, path: str | Path) -> Path:
         """Write atomically: a reader sees the old file or the whole new one, never half of it."""

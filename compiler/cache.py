@@ -35,7 +35,8 @@ def compile_cached(registry: Registry, tokenizer: TokenizerInfo, contract: Contr
                    cache_dir: str | Path | None = None) -> Artifact:
     """Return the cached artifact for these inputs, compiling (and caching) it on a miss."""
     contract = contract or Contract()
-    path = Path(cache_dir or default_cache_dir()) / f"{registry.name}-{cache_key(registry, tokenizer, contract)}.safetensors"
+    key = cache_key(registry, tokenizer, contract)
+    path = Path(cache_dir or default_cache_dir()) / f"{registry.name}-{key}.safetensors"
     if path.is_file():
         try:
             return Artifact.load(path, tokenizer=tokenizer, registry=registry, contract=contract)

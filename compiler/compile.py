@@ -110,7 +110,7 @@ class _Encoder:
 
     def encode(self, texts: list[str], what: str = "tokenizing") -> list[list[int]]:
         if not self.show_progress:
-            return self.tokenizer.encode_batch(texts)
+            return list(self.tokenizer.encode_batch(texts))
         from tqdm import tqdm
 
         out: list[list[int]] = []

@@ -57,8 +57,8 @@ def apply_token_bitmask_inplace(logits: Any, bitmask: Any, *, indices: Iterable[
 
     bits = torch.arange(BITS_PER_WORD, device=logits.device, dtype=torch.int32)
     words = bitmask[rows].to(logits.device)
-    allowed = ((words.unsqueeze(-1) >> bits) & 1).bool().flatten(1)
-    if allowed.shape[1] < vocab:
-        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]))
+    allowed_bits = ((words.unsqueeze(-1) >> bits) & 1).bool().flatten(1)
+    if allowed_bits.shape[1] < vocab:
+        allowed_bits = torch.nn.functional.pad(allowed_bits, (0, vocab - allowed_bits.shape[1]))
     index = torch.as_tensor(rows, device=logits.device)
-    logits[index] = logits[index].masked_fill(~allowed[:, :vocab], float("-inf"))
+    logits[index] = logits[index].masked_fill(~allowed_bits[:, :vocab], float("-inf"))

@@ -126,7 +126,8 @@ def _step_rows(node_edge_start: Any, edge_token: Any, edge_child: Any, edge_tool
             elif unused and emitted + 1 < k:
                 trie = phase_trie[_phase(emitted + 1, k)]
                 root = trie_root[trie]
-                first, last, at_depth, extra_tool, kind = node_edge_start[root], node_edge_start[root + 1], 0, tool, _HOP
+                first, last = node_edge_start[root], node_edge_start[root + 1]
+                at_depth, extra_tool, kind = 0, tool, _HOP
             else:
                 break
             for edge in range(first, last):

@@ -105,7 +105,7 @@ class TrieMatcher:
         if self._state.thinking:
             return []
         trie, eos = self.artifact.trie, self.artifact.eos_id
-        slot, forced = self._state.slot, []
+        slot, forced = self._state.slot, list[int]()
         while True:
             moves = legal_moves(trie, slot, eos)
             if len(moves) != 1:

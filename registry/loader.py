@@ -23,8 +23,8 @@ from typing import Any
 
 import yaml
 
-from tooltrie.registry.model import Registry, Tool
 from tooltrie.errors import RegistryError
+from tooltrie.registry.model import Registry, Tool
 
 _NATIVE_TOP_KEYS = frozenset({"name", "description", "source", "license", "tools"})
 _NATIVE_TOOL_KEYS = frozenset({"name", "description", "pointer", "tags", "examples"})

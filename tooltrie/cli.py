@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TooltrieError as exc:
         print(f"tooltrie {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `tooltrie inspect ... | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _compile(args: argparse.Namespace) -> int:
