@@ -1,0 +1,252 @@
+"""The CUDA backend: one launch per decode step for the whole batch; the host never walks the trie.
+
+Placement. When the trie's arrays fit the constant-memory budget (``CONSTANT_MEMORY_BUDGET``, below the 64 KiB a
+module may hold) they are captured as constants of a kernel compiled for that artifact: Numba puts a closure's
+NumPy arrays in constant memory when the kernel is compiled. Constant memory is per compiled module, so each
+artifact gets its own kernel (a factory cached by artifact hash) and two grammars can never overwrite each
+other. Larger tries are passed as global-memory arrays to one shared kernel.
+
+Layouts. ``warp`` (the default): a block of one warp per slot; the lanes split the candidate tokens, each keeps
+its best, and a shared-memory tree reduction under the total order (score desc, token asc) picks the winner, so
+the result never depends on thread timing; lane 0 advances the slot. ``thread``: a thread per slot walking its
+candidates alone; its constant-memory reads broadcast while slots sit at the same node, but the candidates'
+score reads are serial. ``bench/bench_kernel.py`` measures both.
+
+Inputs come as the model makes them: torch CUDA tensors (or CuPy arrays) through ``__cuda_array_interface__``,
+zero-copy, launched on torch's current stream; float32/float16 logits as they are, bfloat16 viewed as int16
+bits (``kernels/walk.py`` orders them exactly, with no conversion pass).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+from numba import config, cuda
+
+from tooltrie.compiler.artifact import CONSTANT_MEMORY_BUDGET, Artifact
+from tooltrie.kernels.state import RUNNING, STATUS
+from tooltrie.kernels.vocab import VocabMap
+from tooltrie.kernels import walk
+
+if config.ENABLE_CUDASIM:  # the simulator runs Python: give it the walk as Python too
+    walk = walk.python_twin()
+beats, best_move, best_plain, is_plain, take_move, take_plain = (
+    walk.beats, walk.best_move, walk.best_plain, walk.is_plain, walk.take_move, walk.take_plain)
+
+LOG = logging.getLogger(__name__)
+WARP = 32
+LAYOUTS = ("warp", "thread")
+THREADS_PER_BLOCK = 128  # thread layout: slots per block
+_KERNEL_CACHE_SIZE = 16
+_kernels: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
+
+TRIE_FIELDS = ("node_edge_start", "edge_token", "edge_child", "edge_tool_count", "node_tool", "trie_root",
+               "phase_trie", "tool_path_start", "tool_path_edges")
+
+
+@cuda.jit(device=True)
+def _warp_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, scores: Any, hidden: Any,
+              n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
+    row, lane = cuda.blockIdx.x, cuda.threadIdx.x
+    if table[row, STATUS] != RUNNING:  # uniform across the block: every lane leaves together
+        if lane == 0:
+            chosen[row] = -1
+        return
+    s_value = cuda.shared.array(WARP, dtype=np.float64)
+    s_token = cuda.shared.array(WARP, dtype=np.int64)
+    s_kind = cuda.shared.array(WARP, dtype=np.int64)
+    s_edge = cuda.shared.array(WARP, dtype=np.int64)
+    plain = is_plain(table, row)
+    if plain:
+        value, token = best_plain(row, lane, WARP, n_cols, scores, hidden, output_to_full)
+        kind, edge = -1, -1
+    else:
+        value, token, kind, edge = best_move(row, lane, WARP, trie, n_tools, eos_id, table, scores, hidden,
+                                             full_to_output)
+    s_value[lane], s_token[lane], s_kind[lane], s_edge[lane] = value, token, kind, edge
+    cuda.syncthreads()
+    width = WARP // 2
+    while width > 0:
+        other = lane + width
+        if lane < width and s_token[other] >= 0 and beats(s_value[other], s_token[other], s_value[lane],
+                                                          s_token[lane]):
+            s_value[lane], s_token[lane], s_kind[lane], s_edge[lane] = (
+                s_value[other], s_token[other], s_kind[other], s_edge[other])
+        cuda.syncthreads()
+        width //= 2
+    if lane == 0:
+        if plain:
+            take_plain(row, s_token[0], eos_id, reasoning_end_id, table, chosen)
+        else:
+            take_move(row, s_token[0], s_kind[0], s_edge[0], trie, table, chosen)
+
+
+@cuda.jit(device=True)
+def _thread_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, scores: Any, hidden: Any,
+                n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
+    row = cuda.grid(1)
+    if row >= table.shape[0]:
+        return
+    if table[row, STATUS] != RUNNING:
+        chosen[row] = -1
+    elif is_plain(table, row):
+        _, token = best_plain(row, 0, 1, n_cols, scores, hidden, output_to_full)
+        take_plain(row, token, eos_id, reasoning_end_id, table, chosen)
+    else:
+        _, token, kind, edge = best_move(row, 0, 1, trie, n_tools, eos_id, table, scores, hidden, full_to_output)
+        take_move(row, token, kind, edge, trie, table, chosen)
+
+
+_ROW_FUNCTIONS = {"warp": _warp_row, "thread": _thread_row}
+
+
+def make_constant_kernel(arrays: dict[str, np.ndarray[Any, Any]], layout: str) -> Any:
+    """A kernel with this trie's arrays baked into its constant memory (one module per grammar)."""
+    row_function = _ROW_FUNCTIONS[layout]
+    nes, et, ec, etc, nt, tr, pt, tps, tpe = (np.ascontiguousarray(arrays[name]) for name in TRIE_FIELDS)
+
+    @cuda.jit
+    def constant_kernel(n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, scores: Any, hidden: Any,
+                        n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
+        trie = (cuda.const.array_like(nes), cuda.const.array_like(et), cuda.const.array_like(ec),
+                cuda.const.array_like(etc), cuda.const.array_like(nt), cuda.const.array_like(tr),
+                cuda.const.array_like(pt), cuda.const.array_like(tps), cuda.const.array_like(tpe))
+        row_function(trie, n_tools, eos_id, reasoning_end_id, table, scores, hidden, n_cols, full_to_output,
+                     output_to_full, chosen)
+
+    return constant_kernel
+
+
+def make_global_kernel(layout: str) -> Any:
+    """A kernel reading the trie from global-memory arrays passed at launch (any size, shared by all)."""
+    row_function = _ROW_FUNCTIONS[layout]
+
+    @cuda.jit
+    def global_kernel(nes: Any, et: Any, ec: Any, etc: Any, nt: Any, tr: Any, pt: Any, tps: Any, tpe: Any,
+                      n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, scores: Any, hidden: Any,
+                      n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
+        row_function((nes, et, ec, etc, nt, tr, pt, tps, tpe), n_tools, eos_id, reasoning_end_id, table, scores,
+                     hidden, n_cols, full_to_output, output_to_full, chosen)
+
+    return global_kernel
+
+
+@cuda.jit
+def _gather_rows(old_table: Any, order: Any, new_table: Any) -> None:
+    row, column = cuda.grid(2)
+    if row < new_table.shape[0] and column < new_table.shape[1]:
+        new_table[row, column] = old_table[order[row], column]
+
+
+def _cached_kernel(key: tuple[str, str, str], make: Any) -> Any:
+    if key in _kernels:
+        _kernels.move_to_end(key)
+        return _kernels[key]
+    kernel = _kernels[key] = make()
+    if len(_kernels) > _KERNEL_CACHE_SIZE:
+        _kernels.popitem(last=False)
+    return kernel
+
+
+class CudaStepper:
+    """Runs decode steps of one artifact on the GPU.
+
+    ``placement`` is ``"auto"`` (constant memory when the trie fits ``constant_budget`` bytes), ``"constant"``
+    or ``"global"``; the choice is in ``self.placement`` and logged.
+    """
+
+    def __init__(self, artifact: Artifact, *, placement: str = "auto", layout: str = "warp",
+                 constant_budget: int = CONSTANT_MEMORY_BUDGET) -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r}; choose from {LAYOUTS}")
+        if placement == "auto":
+            placement = artifact.placement(constant_budget)
+        if placement not in ("constant", "global"):
+            raise ValueError(f"unknown placement {placement!r}; choose 'auto', 'constant' or 'global'")
+        self.artifact, self.placement, self.layout = artifact, placement, layout
+        arrays = artifact.trie.arrays()
+        if placement == "constant":
+            self._kernel = _cached_kernel((artifact.sha256, placement, layout),
+                                          lambda: make_constant_kernel(dict(arrays), layout))
+            self._trie_args: tuple[Any, ...] = ()
+        else:
+            self._kernel = _cached_kernel(("*", placement, layout), lambda: make_global_kernel(layout))
+            self._trie_args = tuple(cuda.to_device(arrays[name]) for name in TRIE_FIELDS)
+        LOG.info("tooltrie: registry %r (%d device bytes) decodes from %s memory, %s layout",
+                 artifact.registry.name, artifact.trie.device_bytes, placement, layout)
+
+    def step(self, table: Any, logits: Any, chosen: Any, *, reasoning_end_id: int | None = None,
+             vocab: VocabMap | None = None, stream: Any = None) -> None:
+        """One step: ``table`` is the slot-state table on the device (advanced in place), ``logits`` ``[B, V]``,
+        ``chosen`` an int32 ``[B]`` output. Torch tensors are launched on torch's current stream."""
+        logits = _bf16_as_bits(logits)
+        self._launch(table, logits, None, logits.shape[1], chosen, reasoning_end_id, vocab, stream)
+
+    def sparse_step(self, table: Any, hidden: Any, output_embedding: Any, chosen: Any, *,
+                    reasoning_end_id: int | None = None, vocab: VocabMap | None = None, stream: Any = None) -> None:
+        """One step from hidden states ``[B, H]`` and ``W [V, H]``: dot products for legal tokens only, and the
+        selection, in the same launch; no ``[B, V]`` logits exist."""
+        self._launch(table, output_embedding, hidden, output_embedding.shape[0], chosen, reasoning_end_id, vocab,
+                     stream)
+
+    def _launch(self, table: Any, scores: Any, hidden: Any, n_cols: int, chosen: Any, reasoning_end_id: int | None,
+                vocab: VocabMap | None, stream: Any) -> None:
+        vocab = vocab or VocabMap.identity(n_cols)
+        maps = _device_maps(vocab)
+        stream = stream if stream is not None else _torch_stream(scores)
+        batch = table.shape[0]
+        if self.layout == "warp":
+            grid, block = batch, WARP
+        else:
+            grid, block = (batch + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK, THREADS_PER_BLOCK
+        launch = self._kernel[grid, block, stream] if stream is not None else self._kernel[grid, block]
+        artifact = self.artifact
+        launch(*self._trie_args, artifact.trie.n_tools, artifact.eos_id,
+               -1 if reasoning_end_id is None else reasoning_end_id, table, scores, hidden, n_cols, *maps, chosen)
+
+
+def compact_on_device(table: Any, batch_mapping: Any) -> Any:
+    """The slot table after an eviction (``batch_mapping[i]``: old slot i's new index, or -1), gathered on the
+    device; returns a new device array."""
+    mapping = np.asarray(batch_mapping, dtype=np.int64)
+    kept = int((mapping >= 0).sum())
+    order = np.empty(kept, dtype=np.int64)
+    order[mapping[mapping >= 0]] = np.nonzero(mapping >= 0)[0]
+    new_table = cuda.device_array((kept, table.shape[1]), dtype=np.int32)
+    if kept:
+        threads = (8, 32)
+        blocks = ((kept + 7) // 8, (table.shape[1] + 31) // 32)
+        _gather_rows[blocks, threads](table, cuda.to_device(order), new_table)
+    return new_table
+
+
+_maps_cache: dict[int, tuple[Any, Any, VocabMap]] = {}
+
+
+def _device_maps(vocab: VocabMap) -> tuple[Any, Any]:
+    """Device copies of a vocabulary map, made once per map."""
+    cached = _maps_cache.get(id(vocab))
+    if cached is None or cached[2] is not vocab:
+        cached = (cuda.to_device(vocab.full_to_output), cuda.to_device(vocab.output_to_full), vocab)
+        _maps_cache[id(vocab)] = cached
+    return cached[0], cached[1]
+
+
+def _bf16_as_bits(logits: Any) -> Any:
+    """bfloat16 has no Numba type: hand its bits over as int16 (``walk.score`` orders them exactly)."""
+    dtype = getattr(logits, "dtype", None)
+    if dtype is not None and str(dtype) == "torch.bfloat16":
+        return logits.view(__import__("torch").int16)
+    return logits
+
+
+def _torch_stream(array: Any) -> Any:
+    """Torch's current stream, when ``array`` is a torch CUDA tensor, as a Numba external stream."""
+    if type(array).__module__.startswith("torch") and getattr(array, "is_cuda", False):
+        import torch
+
+        return cuda.external_stream(torch.cuda.current_stream(array.device).cuda_stream)
+    return None

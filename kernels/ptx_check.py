@@ -1,0 +1,108 @@
+"""Compile the CUDA kernels to PTX without a GPU, and assemble them with ptxas where it is installed.
+
+The CUDA simulator runs kernels as Python and checks neither typing nor the 64 KiB constant-memory limit; this
+does both: ``python -m tooltrie.kernels.ptx_check ARTIFACT [...]`` prints one JSON line per kernel variant.
+Needs numba-cuda's NVRTC (``pip install tooltrie[ptx]``) and a CUDA toolkit's libNVVM (``CUDA_HOME``); must run
+without ``NUMBA_ENABLE_CUDASIM``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from tooltrie.compiler.artifact import Artifact
+
+SCORE_KINDS = ("float32", "bfloat16-bits", "float16", "sparse-head")
+
+
+@contextmanager
+def _pretend_device(compute_capability: tuple[int, int]) -> Iterator[None]:
+    """Numba asks the current device for its compute capability when it compiles device functions; with no
+    GPU there is none, so answer for the target we compile for."""
+    import numba.cuda.dispatcher as dispatcher
+
+    class Device:
+        pass
+
+    device = Device()
+    device.compute_capability = compute_capability  # type: ignore[attr-defined]
+    with mock.patch.object(dispatcher, "get_current_device", lambda: device):
+        yield
+
+
+def compile_variant(artifact: Artifact, *, placement: str, layout: str, score_kind: str,
+                    compute_capability: tuple[int, int] = (9, 0)) -> str:
+    """The PTX of one kernel variant for this artifact."""
+    from numba import cuda, types
+
+    from tooltrie.kernels.cuda import TRIE_FIELDS, make_constant_kernel, make_global_kernel
+
+    index = types.int32[::1]
+    scores, hidden = {
+        "float32": (types.float32[:, ::1], types.none),
+        "bfloat16-bits": (types.int16[:, ::1], types.none),
+        "float16": (types.float16[:, ::1], types.none),
+        "sparse-head": (types.float32[:, ::1], types.float32[:, ::1]),
+    }[score_kind]
+    launch = (types.int64, types.int64, types.int64, types.int32[:, ::1], scores, hidden, types.int64, index, index,
+              index)
+    with _pretend_device(compute_capability):
+        if placement == "constant":
+            kernel, signature = make_constant_kernel(artifact.trie.arrays(), layout), launch
+        else:
+            kernel, signature = make_global_kernel(layout), (index,) * len(TRIE_FIELDS) + launch
+        ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=compute_capability)
+    return str(ptx)
+
+
+def assemble(ptx: str, compute_capability: tuple[int, int] = (9, 0)) -> tuple[bool, str]:
+    """Run ptxas on ``ptx``: (ok, its message). ptxas enforces the 64 KiB constant-memory limit."""
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        return False, "ptxas not found"
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "kernel.ptx"
+        source.write_text(ptx)
+        arch = f"sm_{compute_capability[0]}{compute_capability[1]}"
+        done = subprocess.run([ptxas, f"-arch={arch}", str(source), "-o", str(Path(tmp) / "kernel.cubin")],
+                              capture_output=True, text=True, check=False)
+    return done.returncode == 0, done.stderr.strip()
+
+
+def check(artifact: Artifact, *, placement: str, layout: str, score_kind: str) -> dict[str, Any]:
+    ptx = compile_variant(artifact, placement=placement, layout=layout, score_kind=score_kind)
+    ok, message = assemble(ptx)
+    return {"registry": artifact.registry.name, "device_bytes": artifact.trie.device_bytes, "placement": placement,
+            "layout": layout, "scores": score_kind, "ptx_bytes": len(ptx), "uses_constant_memory": ".const" in ptx,
+            "ptxas_ok": ok, "ptxas_message": message}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("artifacts", nargs="+", type=Path)
+    parser.add_argument("--placement", choices=("auto", "constant", "global"), default="auto")
+    parser.add_argument("--layout", choices=("warp", "thread"), nargs="+", default=["warp"])
+    parser.add_argument("--scores", choices=SCORE_KINDS, nargs="+", default=["float32"])
+    args = parser.parse_args(argv)
+    for path in args.artifacts:
+        artifact = Artifact.load(path)
+        placement = artifact.placement() if args.placement == "auto" else args.placement
+        for layout in args.layout:
+            for score_kind in args.scores:
+                print(json.dumps(check(artifact, placement=placement, layout=layout, score_kind=score_kind)),
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

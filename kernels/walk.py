@@ -1,0 +1,214 @@
+"""The mask walk as device-agnostic Numba functions: compiled for the CPU (``kernels/cpu.py``) and called from
+the CUDA kernels (``kernels/cuda.py``); under the CUDA simulator they run as plain Python.
+
+The same rules as ``kernels/rules.py`` (the oracle), over the flat arrays. A move is chosen in two parts so one
+function serves every thread layout: :func:`best_move` scans this lane's share of the candidate tokens
+(``lane``, ``lane + stride``, ...), the caller reduces across lanes if it has several, and :func:`take_move`
+advances the slot. The order of candidates never matters: :func:`beats` is a total order (higher score, then
+lower token id).
+
+``trie`` is the tuple ``(node_edge_start, edge_token, edge_child, edge_tool_count, node_tool, trie_root,
+phase_trie, tool_path_start, tool_path_edges)``. Scores come from ``score(scores, hidden, row, col)``: logits
+``[B, V]`` (float, or bfloat16 bits viewed as int16) when ``hidden`` is None, else the sparse head: the dot
+product of ``hidden[row]`` with row ``col`` of the output embedding ``scores = W [V, H]``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from types import ModuleType
+from typing import Any
+
+import numba
+import numpy as np
+from numba import types
+from numba.core.extending import overload
+
+from tooltrie.kernels.state import CONSTRAINED, DEPTH, DONE, EMITTED, ERROR, NODE, STATUS, THINKING, USED, K
+
+MOVE_EDGE, MOVE_HOP, MOVE_STOP = 0, 1, 2
+_BF16_MAGNITUDE, _BF16_INF = 0x7FFF, 0x7F80
+
+# The CUDA simulator runs kernels as Python threads over fake device arrays, which compiled CPU functions cannot
+# take; it calls a twin of this module whose functions stay plain Python (see ``python_twin``).
+_AS_PYTHON: bool = globals().get("_AS_PYTHON", False)
+_jit: Any = (lambda function: function) if _AS_PYTHON else numba.njit(cache=True, inline="always")
+
+
+@functools.cache
+def python_twin() -> ModuleType:
+    """This module loaded again with every function left as plain Python."""
+    spec = importlib.util.spec_from_file_location(f"{__name__}_python", __file__)
+    assert spec is not None and spec.loader is not None  # this file exists: it is running
+    twin = importlib.util.module_from_spec(spec)
+    twin._AS_PYTHON = True  # type: ignore[attr-defined]
+    spec.loader.exec_module(twin)
+    return twin
+
+
+def _logit_float(scores: Any, hidden: Any, row: int, col: int) -> float:
+    value = np.float64(scores[row, col])  # widen first: float() keeps float16 (and its compare routines)
+    return -np.inf if value != value else value  # NaN ranks lowest
+
+
+def _logit_bf16(scores: Any, hidden: Any, row: int, col: int) -> float:
+    # bfloat16 bits are sign-magnitude: +/- magnitude orders them exactly as their float values (+0 == -0).
+    bits = np.int32(scores[row, col])
+    magnitude = bits & _BF16_MAGNITUDE
+    if magnitude > _BF16_INF:
+        return -np.inf  # NaN
+    return float(magnitude) if bits >= 0 else -float(magnitude)
+
+
+def _dot(scores: Any, hidden: Any, row: int, col: int) -> float:
+    total = 0.0
+    for j in range(hidden.shape[1]):
+        total += np.float64(hidden[row, j]) * np.float64(scores[col, j])
+    return -np.inf if total != total else total
+
+
+def score(scores: Any, hidden: Any, row: int, col: int) -> float:
+    """The score of output column ``col`` for ``row`` (Python dispatch; compiled code uses the overload)."""
+    if hidden is not None:
+        return _dot(scores, hidden, row, col)
+    if scores.dtype == np.int16:
+        return _logit_bf16(scores, hidden, row, col)
+    return _logit_float(scores, hidden, row, col)
+
+
+def _score_overload(scores: Any, hidden: Any, row: int, col: int) -> Any:  # same parameters as the impls
+    if not isinstance(hidden, types.NoneType):
+        return _dot
+    return _logit_bf16 if scores.dtype == types.int16 else _logit_float
+
+
+if not _AS_PYTHON:
+    overload(score, target="generic")(_score_overload)
+
+
+@_jit
+def phase(emitted: int, k: int) -> int:
+    return (2 if emitted > 0 else 0) + (1 if emitted + 1 == k else 0)
+
+
+@_jit
+def beats(value: float, token: int, best_value: float, best_token: int) -> bool:
+    """Argmax order: higher score, then the lower token id; independent of the order candidates are seen."""
+    return best_token < 0 or value > best_value or (value == best_value and token < best_token)
+
+
+@_jit
+def open_count(edge: int, trie_index: int, depth: int, table: Any, row: int, extra_tool: int, n_tools: int,
+               trie: Any) -> int:
+    """Unused tools below ``edge``: its compiled count minus the used tools (and ``extra_tool``, if >= 0)
+    whose path crosses it; a used tool crosses at most this one edge of the node, at ``depth``."""
+    tool_path_start, tool_path_edges = trie[7], trie[8]
+    count = trie[3][edge]
+    emitted = table[row, EMITTED]
+    for j in range(emitted + (1 if extra_tool >= 0 else 0)):
+        tool = table[row, USED + j] if j < emitted else extra_tool
+        start = tool_path_start[trie_index * n_tools + tool]
+        if depth < tool_path_start[trie_index * n_tools + tool + 1] - start and tool_path_edges[start + depth] == edge:
+            count -= 1
+    return count
+
+
+@_jit
+def terminal_unused(table: Any, row: int, tool: int) -> bool:
+    if tool < 0:
+        return False
+    for j in range(table[row, EMITTED]):
+        if table[row, USED + j] == tool:
+            return False
+    return True
+
+
+@_jit
+def best_move(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id: int, table: Any, scores: Any,
+              hidden: Any, full_to_output: Any) -> tuple[float, int, int, int]:
+    """This lane's best legal move of a constrained, running slot: (score, token, kind, edge); token -1: none."""
+    node_edge_start, edge_token, node_tool, trie_root, phase_trie = trie[0], trie[1], trie[4], trie[5], trie[6]
+    k, node, depth, emitted = table[row, K], table[row, NODE], table[row, DEPTH], table[row, EMITTED]
+    tool = node_tool[node]
+    unused = terminal_unused(table, row, tool)
+    own_trie = phase_trie[phase(emitted, k)]
+    own_first, n_own = node_edge_start[node], node_edge_start[node + 1] - node_edge_start[node]
+    # At an unused terminal with tools still owed, the next tool's root edges are candidates too (a hop),
+    # counted as if this terminal's tool were already used.
+    hop_trie, hop_first, n_hop = own_trie, 0, 0
+    if unused and emitted + 1 < k:
+        hop_trie = phase_trie[phase(emitted + 1, k)]
+        root = trie_root[hop_trie]
+        hop_first, n_hop = node_edge_start[root], node_edge_start[root + 1] - node_edge_start[root]
+    best_value, best_token, best_kind, best_edge = -np.inf, -1, -1, -1
+    for i in range(lane, n_own + n_hop, stride):
+        if i < n_own:
+            edge, kind = own_first + i, MOVE_EDGE
+            count = open_count(edge, own_trie, depth, table, row, -1, n_tools, trie)
+        else:
+            edge, kind = hop_first + i - n_own, MOVE_HOP
+            count = open_count(edge, hop_trie, 0, table, row, tool, n_tools, trie)
+        token = edge_token[edge]
+        col = full_to_output[token]
+        if count > 0 and col >= 0:
+            value = score(scores, hidden, row, col)
+            if beats(value, token, best_value, best_token):
+                best_value, best_token, best_kind, best_edge = value, token, kind, edge
+    if lane == 0 and unused and emitted + 1 == k and full_to_output[eos_id] >= 0:
+        value = score(scores, hidden, row, full_to_output[eos_id])
+        if beats(value, eos_id, best_value, best_token):
+            best_value, best_token, best_kind, best_edge = value, eos_id, MOVE_STOP, -1
+    return best_value, best_token, best_kind, best_edge
+
+
+@_jit
+def best_plain(row: int, lane: int, stride: int, n_cols: int, scores: Any, hidden: Any,
+               output_to_full: Any) -> tuple[float, int]:
+    """This lane's share of a plain argmax (rows without a grammar, or still thinking): (score, full token)."""
+    best_value, best_token = -np.inf, -1
+    for col in range(lane, n_cols, stride):
+        value = score(scores, hidden, row, col)
+        token = output_to_full[col]
+        if beats(value, token, best_value, best_token):
+            best_value, best_token = value, token
+    return best_value, best_token
+
+
+@_jit
+def take_move(row: int, token: int, kind: int, edge: int, trie: Any, table: Any, chosen: Any) -> None:
+    """Advance a constrained slot by its chosen move; no move at all is the error state (fail loudly)."""
+    if token < 0:
+        table[row, STATUS] = ERROR
+        chosen[row] = -1
+        return
+    chosen[row] = token
+    emitted = table[row, EMITTED]
+    if kind == MOVE_EDGE:
+        table[row, NODE] = trie[2][edge]
+        table[row, DEPTH] += 1
+        return
+    table[row, USED + emitted] = trie[4][table[row, NODE]]
+    table[row, EMITTED] = emitted + 1
+    if kind == MOVE_STOP:
+        table[row, STATUS] = DONE
+    else:
+        table[row, NODE] = trie[2][edge]
+        table[row, DEPTH] = 1
+
+
+@_jit
+def take_plain(row: int, token: int, eos_id: int, reasoning_end_id: int, table: Any, chosen: Any) -> None:
+    """Record a plain argmax: a thinking row starts its constraint after the marker; a row without a
+    grammar is done at the stop token."""
+    chosen[row] = token
+    if table[row, THINKING] != 0:
+        if token == reasoning_end_id:
+            table[row, THINKING] = 0
+    elif token == eos_id:
+        table[row, STATUS] = DONE
+
+
+@_jit
+def is_plain(table: Any, row: int) -> bool:
+    return table[row, CONSTRAINED] == 0 or table[row, THINKING] != 0
