@@ -18,11 +18,13 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -e ".[test]"
+	$(BIN)/python -m pip install -q -e ".[test,ptx]"
 	touch $@
 
+# Without a GPU the CUDA kernels run under Numba's simulator; with one, on the GPU.
+HAVE_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 test: install
-	$(BIN)/python -m pytest
+	$(if $(HAVE_GPU),,NUMBA_ENABLE_CUDASIM=1) $(BIN)/python -m pytest
 
 # mypy cannot follow the editable install's folder mapping (tooltrie.kernels -> kernels/), so it checks a
 # tree of links laid out as the installed package.

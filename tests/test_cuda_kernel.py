@@ -1,0 +1,156 @@
+"""The CUDA kernels against the NumPy reference, step by step (device state included).
+
+Runs on a GPU when there is one, else under the CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``, which ``make test``
+sets on machines without a GPU), else is skipped with the reason. The simulator costs ~0.1-0.4 s per block,
+so the cases are small: a few slots, a few steps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import config, cuda
+
+from tooltrie.compiler import Contract, TokenizerInfo, compile_registry
+from tooltrie.kernels import BatchState, VocabMap, step
+from tooltrie.kernels.state import DONE, ERROR, RUNNING
+from tooltrie.registry import make_registry
+
+if not (config.ENABLE_CUDASIM or cuda.is_available()):
+    pytest.skip("no GPU here and NUMBA_ENABLE_CUDASIM is not set: the CUDA kernels cannot run",
+                allow_module_level=True)
+
+from tooltrie.kernels.cuda import CudaStepper, compact_on_device  # noqa: E402  (needs a CUDA target)
+
+VARIANTS = [("constant", "warp"), ("constant", "thread"), ("global", "warp"), ("global", "thread")]
+
+
+@pytest.fixture(scope="module")
+def gpt2() -> TokenizerInfo:
+    return TokenizerInfo.load("gpt2")
+
+
+@pytest.fixture(scope="module")
+def tools_artifact(gpt2: TokenizerInfo):
+    names = ["get", "get_user", "set", "setup", "a", "ab", "météo"]
+    return compile_registry(make_registry([{"name": n} for n in names], name="tools"), gpt2)
+
+
+@pytest.fixture(scope="module")
+def probe_artifact(gpt2: TokenizerInfo):
+    """A different grammar (the health probe's), with its own separator."""
+    return compile_registry(make_registry([{"name": n} for n in ["ping", "pong"]], name="probe"), gpt2,
+                            Contract(separator=" | "))
+
+
+def _tied_logits(rng: np.random.Generator, batch: int, vocab: int) -> np.ndarray:
+    return rng.integers(0, 3, size=(batch, vocab)).astype(np.float32)
+
+
+def _run_both(artifact, stepper, state_ref, state_dev, logits, **options):
+    expected = step(artifact, state_ref, logits, backend="reference", **options)
+    chosen = np.full(len(state_dev), -7, dtype=np.int32)
+    stepper.step(state_dev.table, logits, chosen, **options)
+    np.testing.assert_array_equal(chosen, expected)
+    np.testing.assert_array_equal(state_dev.table, state_ref.table)
+
+
+@pytest.mark.parametrize(("placement", "layout"), VARIANTS)
+def test_kernel_equals_reference_on_mixed_batch(tools_artifact, placement, layout):
+    stepper = CudaStepper(tools_artifact, placement=placement, layout=layout)
+    assert stepper.placement == placement
+    ks, constrained = [3, 1, 2], [True, True, False]  # the last row has no grammar: plain argmax
+    state_ref = BatchState.start(tools_artifact, ks, constrained=constrained)
+    state_dev = BatchState.start(tools_artifact, ks, constrained=constrained)
+    rng = np.random.default_rng(7)
+    for _ in range(14):
+        _run_both(tools_artifact, stepper, state_ref, state_dev, _tied_logits(rng, 3, 50257))
+        if (state_ref.status[:2] != RUNNING).all():
+            break
+    assert (state_ref.status[:2] == DONE).all()
+
+
+def test_auto_placement_is_constant_for_a_small_trie(tools_artifact):
+    assert CudaStepper(tools_artifact).placement == "constant"
+    assert CudaStepper(tools_artifact, constant_budget=64).placement == "global"
+
+
+def test_error_when_every_legal_token_is_pruned(tools_artifact):
+    # An output vocabulary without the trie's first tokens: nothing is legal, so the slot fails loudly.
+    first_tokens = set(tools_artifact.trie.edge_token.tolist())
+    kept = [t for t in range(50257) if t not in first_tokens]
+    vocab = VocabMap.from_output_ids(kept, 50257)
+    stepper = CudaStepper(tools_artifact, layout="thread")
+    state_ref, state_dev = BatchState.start(tools_artifact, [2]), BatchState.start(tools_artifact, [2])
+    logits = np.random.default_rng(0).standard_normal((1, len(kept))).astype(np.float32)
+    _run_both(tools_artifact, stepper, state_ref, state_dev, logits, vocab=vocab)
+    assert state_dev.status[0] == ERROR
+
+
+def test_two_grammars_alternating_never_mix(tools_artifact, probe_artifact):
+    """Constant memory is per compiled kernel: launching the probe grammar between catalog steps must not
+    change what the catalog kernel decides, and vice versa."""
+    steppers = {name: CudaStepper(artifact, placement="constant", layout="thread")
+                for name, artifact in (("tools", tools_artifact), ("probe", probe_artifact))}
+    artifacts = {"tools": tools_artifact, "probe": probe_artifact}
+    states = {name: (BatchState.start(a, [2]), BatchState.start(a, [2])) for name, a in artifacts.items()}
+    rng = np.random.default_rng(3)
+    for _ in range(12):
+        for name in ("tools", "probe"):
+            state_ref, state_dev = states[name]
+            if state_ref.status[0] == RUNNING:
+                _run_both(artifacts[name], steppers[name], state_ref, state_dev, _tied_logits(rng, 1, 50257))
+    for name, (state_ref, _) in states.items():
+        assert state_ref.status[0] == DONE, name
+    probe_tools = {probe_artifact.registry.names[t] for t in states["probe"][1].tools(0)}
+    assert probe_tools == {"ping", "pong"}
+
+
+def test_compaction_on_device_matches_host(tools_artifact):
+    state = BatchState.start(tools_artifact, [1, 2, 3, 2])
+    state.node[:] = [5, 6, 7, 8]  # distinguishable rows
+    mapping = [1, -1, 0, 2]
+    moved = compact_on_device(cuda.to_device(state.table), mapping).copy_to_host()
+    state.compact(mapping)
+    np.testing.assert_array_equal(moved, state.table)
+
+
+def test_sparse_head_picks_what_full_head_with_mask_picks(tools_artifact):
+    """Integer-valued hidden states and weights make every dot product exact in float32 and float64, so the
+    sparse head must equal the masked argmax of the full head exactly, ties included (tolerance: none)."""
+    rng = np.random.default_rng(11)
+    vocab, hidden_size, batch = 50257, 4, 2
+    weights = rng.integers(-2, 3, size=(vocab, hidden_size)).astype(np.float32)
+    stepper = CudaStepper(tools_artifact, layout="warp")
+    state_ref = BatchState.start(tools_artifact, [2, 3])
+    state_dev = BatchState.start(tools_artifact, [2, 3])
+    for _ in range(12):
+        hidden = rng.integers(-2, 3, size=(batch, hidden_size)).astype(np.float32)
+        expected = step(tools_artifact, state_ref, hidden @ weights.T, backend="reference")
+        chosen = np.full(batch, -7, dtype=np.int32)
+        stepper.sparse_step(state_dev.table, hidden, weights, chosen)
+        np.testing.assert_array_equal(chosen, expected)
+        np.testing.assert_array_equal(state_dev.table, state_ref.table)
+        if (state_ref.status != RUNNING).all():
+            break
+    assert (state_ref.status == DONE).all()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16-bits"])
+def test_half_precision_logits(tools_artifact, dtype):
+    rng = np.random.default_rng(5)
+    stepper = CudaStepper(tools_artifact, layout="thread")
+    state_ref, state_dev = BatchState.start(tools_artifact, [3]), BatchState.start(tools_artifact, [3])
+    for _ in range(12):
+        values = rng.integers(-4, 4, size=(1, 50257)).astype(np.float32) / 4  # exact in both half formats
+        if dtype == "float16":
+            device_logits = values.astype(np.float16)
+        else:  # bfloat16 is the top half of float32's bits
+            device_logits = (values.view(np.uint32) >> 16).astype(np.uint16).view(np.int16)
+        expected = step(tools_artifact, state_ref, values, backend="reference")
+        chosen = np.full(1, -7, dtype=np.int32)
+        stepper.step(state_dev.table, device_logits, chosen)
+        np.testing.assert_array_equal(chosen, expected)
+        if state_ref.status[0] != RUNNING:
+            break
+    assert state_dev.status[0] == DONE
