@@ -154,3 +154,57 @@ def test_half_precision_logits(tools_artifact, dtype):
         if state_ref.status[0] != RUNNING:
             break
     assert state_dev.status[0] == DONE
+
+
+def _device_libraries() -> list[str]:
+    """The array libraries whose CUDA arrays the kernel must take as they are (real GPU only)."""
+    if config.ENABLE_CUDASIM:
+        return []
+    found = []
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            found.append("torch")
+    except ImportError:
+        pass
+    try:
+        import cupy
+
+        if cupy.is_available():
+            found.append("cupy")
+    except ImportError:
+        pass
+    return found
+
+
+@pytest.mark.parametrize("library", _device_libraries() or [
+    pytest.param("none", marks=pytest.mark.skip(reason="needs a real GPU with torch or CuPy (not the simulator)"))])
+def test_device_arrays_zero_copy(tools_artifact, library):
+    """torch CUDA tensors (on torch's current stream, bfloat16 included) and CuPy arrays go in as they are."""
+    rng = np.random.default_rng(2)
+    stepper = CudaStepper(tools_artifact)
+    state_ref = BatchState.start(tools_artifact, [3, 2])
+    if library == "torch":
+        import torch
+
+        table = torch.from_numpy(state_ref.table.copy()).cuda()
+        chosen = torch.empty(2, dtype=torch.int32, device="cuda")
+        to_device, to_host = (lambda a: torch.from_numpy(a).cuda()), (lambda a: a.cpu().numpy())
+    else:
+        import cupy
+
+        table, chosen = cupy.asarray(state_ref.table), cupy.empty(2, dtype=cupy.int32)
+        to_device, to_host = cupy.asarray, cupy.asnumpy
+    for _ in range(14):
+        values = (rng.integers(-4, 4, size=(2, 50257)) / 4).astype(np.float32)
+        expected = step(tools_artifact, state_ref, values, backend="reference")
+        logits = to_device(values)
+        if library == "torch":
+            logits = logits.to(torch.bfloat16)  # exact for these values
+        stepper.step(table, logits, chosen)
+        np.testing.assert_array_equal(to_host(chosen), expected)
+        np.testing.assert_array_equal(to_host(table), state_ref.table)
+        if (state_ref.status != RUNNING).all():
+            break
+    assert (state_ref.status == DONE).all()
