@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save
 
@@ -30,6 +31,16 @@ FORMAT_VERSION = 1
 # Constant memory is 64 KiB per CUDA module; keep 4 KiB for whatever else the kernel module holds.
 CONSTANT_MEMORY_BUDGET = 60 * 1024
 _HEADER_KEY = "tooltrie"
+
+
+def arrays_sha256(arrays: dict[str, Any]) -> str:
+    """Checksum of the trie arrays (names, dtypes, shapes and bytes), so a flipped bit is caught on load."""
+    digest = hashlib.sha256()
+    for name in sorted(arrays):
+        array = np.ascontiguousarray(arrays[name])
+        digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,7 @@ class Artifact:
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "artifact_sha256": self.sha256,
+            "arrays_sha256": arrays_sha256(self.trie.arrays()),
             "contract": self.contract.to_dict(),
             "contract_sha256": self.contract.sha256,
             "registry": {"name": self.registry.name, "source": self.registry.source, "sha256": self.registry.sha256,
@@ -145,6 +157,10 @@ class Artifact:
             header = json.loads(metadata[_HEADER_KEY])
         except (KeyError, json.JSONDecodeError):
             raise ArtifactError(f"{path}: safetensors file without a tooltrie header") from None
+        if not isinstance(header, dict):
+            raise ArtifactError(f"{path}: the tooltrie header is not a JSON object")
+        if header.get("arrays_sha256") != arrays_sha256(arrays):
+            raise ArtifactError(f"{path}: the trie arrays do not match the checksum in the header (corrupt file?)")
         artifact = cls._from_header(header, arrays, path)
         artifact.check_compatible(tokenizer=tokenizer, registry=registry, contract=contract, where=str(path))
         return artifact

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 from tooltrie.compiler.artifact import FORMAT_VERSION, Artifact
@@ -35,8 +36,8 @@ def compile_cached(registry: Registry, tokenizer: TokenizerInfo, contract: Contr
                    cache_dir: str | Path | None = None) -> Artifact:
     """Return the cached artifact for these inputs, compiling (and caching) it on a miss."""
     contract = contract or Contract()
-    key = cache_key(registry, tokenizer, contract)
-    path = Path(cache_dir or default_cache_dir()) / f"{registry.name}-{key}.safetensors"
+    label = re.sub(r"[^A-Za-z0-9_-]+", "_", registry.name)[:40]  # readable, and never a path of its own
+    path = Path(cache_dir or default_cache_dir()) / f"{label}-{cache_key(registry, tokenizer, contract)}.safetensors"
     if path.is_file():
         try:
             return Artifact.load(path, tokenizer=tokenizer, registry=registry, contract=contract)

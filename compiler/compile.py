@@ -10,7 +10,7 @@ first split point for which every sampled answer decomposes exactly is kept; see
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -29,13 +29,11 @@ from tooltrie.compiler.trie import (
     build_trie,
 )
 from tooltrie.errors import CompileError, RegistryError
-from tooltrie.registry.model import Registry
+from tooltrie.registry.model import Registry, Tool
 
 PROGRESS_MIN_TOOLS = 10_000  # show a progress bar from this many tools on
 _ENCODE_CHUNK = 8_192
 _SCREEN_ANSWERS = 64  # answers tried on a split point before the full verification
-
-Progress = Callable[[str, int], None]
 
 
 def compile_registry(
@@ -56,7 +54,7 @@ def compile_registry(
 
     >>> from tooltrie.registry import CATALOG_PATH, load_registry
     >>> artifact = compile_registry(load_registry(CATALOG_PATH), TokenizerInfo.load("smollm2-135m"))
-    >>> artifact.placement, artifact.trie.n_tools, artifact.split
+    >>> artifact.placement(), artifact.trie.n_tools, artifact.split
     ('constant', 47, Split(left='', right=', '))
     """
     contract = contract or Contract()
@@ -69,21 +67,26 @@ def compile_registry(
 
     rng = np.random.default_rng(seed)
     answers = _verification_answers(len(names), sample_pairs, rng)
-    failures: dict[Split, list[tuple[int, ...]]] = {}
+    failures: dict[Split, str] = {}
     for split in _split_candidates(contract.separator):
         paths = _phase_paths(names, split, encoder)
         bad = _mismatches(answers[:_SCREEN_ANSWERS], names, split, paths, contract, encoder)
         if not bad:
             bad = _mismatches(answers, names, split, paths, contract, encoder)
         if bad:
-            failures[split] = bad
+            failures[split] = _describe_mismatches(bad, names, contract)
             continue
         trie = _build(paths, registry)
-        _check_hops(trie, registry)
+        clash = _hop_clash(trie, registry)
+        if clash:
+            failures[split] = clash
+            continue
         stats = CompileStats(verified_answers=len(answers), verified_tools=len(names))
         return Artifact.create(registry=registry, tokenizer=tokenizer, contract=contract, split=split,
                                trie=trie, stats=stats)
-    raise CompileError(_describe_failures(failures, names, contract, tokenizer))
+    lines = [f"no split of the separator {contract.separator!r} lets {tokenizer.source} represent this registry:"]
+    lines += [f"  split {split.left!r} | {split.right!r}: {why}" for split, why in failures.items()]
+    raise CompileError("\n".join(lines))
 
 
 def _split_candidates(separator: str) -> list[Split]:
@@ -124,7 +127,12 @@ class _Encoder:
 
 def _check_names_encode(registry: Registry, encodings: list[list[int]], tokenizer: TokenizerInfo) -> None:
     special_ids = {tokenizer.token_to_id(token) for token in tokenizer.special_tokens} | {tokenizer.eos_id}
-    for tool, ids in zip(registry.tools, encodings, strict=True):
+    decoded = tokenizer.decode_batch(encodings)
+    first_with: dict[tuple[int, ...], Tool] = {}
+    for tool, ids, text in zip(registry.tools, encodings, decoded, strict=True):
+        twin = first_with.setdefault(tuple(ids), tool)
+        if twin is not tool:
+            raise _same_tokens_error(tool, twin)
         if not ids:
             raise RegistryError(f"{tool.where}: tool name renders to no tokens with {tokenizer.source}")
         if special_ids.intersection(ids):
@@ -132,6 +140,15 @@ def _check_names_encode(registry: Registry, encodings: list[list[int]], tokenize
                 f"{tool.where}: tool name contains a special token of {tokenizer.source} "
                 f"(e.g. the stop token {tokenizer.eos_token!r}); it could end the answer early"
             )
+        if text != tool.name:  # e.g. characters the vocabulary has no bytes for are silently dropped
+            raise RegistryError(f"{tool.where}: tool name does not survive {tokenizer.source}'s round trip: "
+                                f"its tokens decode to {text!r}, so an answer naming it could not be parsed")
+
+
+def _same_tokens_error(tool: Tool, twin: Tool) -> RegistryError:
+    hint = " (they differ only in case: this tokenizer does not tell case apart)" if (
+        tool.name.casefold() == twin.name.casefold()) else ""
+    return RegistryError(f"{tool.where}: tool name tokenizes exactly like {twin.name!r} ({twin.where}){hint}")
 
 
 def _phase_paths(names: list[str], split: Split, encoder: _Encoder) -> dict[int, list[list[int]]]:
@@ -182,15 +199,13 @@ def _build(paths: dict[int, list[list[int]]], registry: Registry) -> CompiledTri
     try:
         trie = build_trie(distinct, phase_trie)
     except DuplicatePathError as exc:
-        a, b = (registry.tools[i] for i in exc.pairs[0])
-        hint = " (they differ only in case: this tokenizer does not tell case apart)" if (
-            a.name.casefold() == b.name.casefold()) else ""
-        raise RegistryError(f"{b.where}: tool name tokenizes exactly like {a.name!r} ({a.where}){hint}") from None
+        first, second = sorted(exc.pairs[0])
+        raise _same_tokens_error(registry.tools[second], registry.tools[first]) from None
     trie.validate()
     return trie
 
 
-def _check_hops(trie: CompiledTrie, registry: Registry) -> None:
+def _hop_clash(trie: CompiledTrie, registry: Registry) -> str | None:
     """A terminal that hops to the next tool must not share a token with the next tries' roots: the token
     would mean both "a longer name" and "the next tool", and the trie could not tell which."""
     next_roots = [int(trie.trie_root[trie.phase_trie[p]]) for p in (PHASE_NEXT_MORE, PHASE_NEXT_LAST)]
@@ -200,23 +215,15 @@ def _check_hops(trie: CompiledTrie, registry: Registry) -> None:
     parent = trie.edge_parent()
     hop_terminal = (trie.node_tool >= 0) & np.isin(trie.node_trie(), hop_tries)
     clashes = np.nonzero(hop_terminal[parent] & np.isin(trie.edge_token, hop_tokens))[0]
-    if clashes.size:
-        edge = int(clashes[0])
-        tool = registry.tools[int(trie.node_tool[parent[edge]])]
-        raise CompileError(
-            f"{tool.where}: after {tool.name!r} the token {int(trie.edge_token[edge])} both continues a longer "
-            f"tool name and starts the next tool; rename the tools that extend {tool.name!r} or change the separator"
-        )
+    if not clashes.size:
+        return None
+    edge = int(clashes[0])
+    tool = registry.tools[int(trie.node_tool[parent[edge]])]
+    return (f"after {tool.name!r} ({tool.where}) the token {int(trie.edge_token[edge])} both continues a longer "
+            f"tool name and starts the next tool; rename the tools that extend {tool.name!r} or change the separator")
 
 
-def _describe_failures(
-    failures: dict[Split, list[tuple[int, ...]]], names: list[str], contract: Contract, tokenizer: TokenizerInfo
-) -> str:
-    lines = [f"no split of the separator {contract.separator!r} lets {tokenizer.source} tokenize every answer as "
-             "the concatenation of its tools' paths:"]
-    for split, bad in failures.items():
-        example = contract.render([names[t] for t in bad[0]])
-        culprits = sorted({names[t] for answer in bad[:5] for t in answer})
-        lines.append(f"  split {split.left!r} | {split.right!r}: {len(bad)} answers break, e.g. {example!r} "
-                     f"(tools {culprits})")
-    return "\n".join(lines)
+def _describe_mismatches(bad: list[tuple[int, ...]], names: list[str], contract: Contract) -> str:
+    example = contract.render([names[t] for t in bad[0]])
+    culprits = sorted({names[t] for answer in bad[:5] for t in answer})
+    return f"{len(bad)} answers do not decompose, e.g. {example!r} (tools {culprits})"

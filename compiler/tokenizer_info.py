@@ -107,6 +107,9 @@ class TokenizerInfo:
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
+    def decode_batch(self, batches: list[list[int]]) -> list[str]:
+        return [str(text) for text in self.tokenizer.decode_batch(batches, skip_special_tokens=False)]
+
     def token_to_id(self, token: str) -> int | None:
         found = self.tokenizer.token_to_id(token)
         return None if found is None else int(found)

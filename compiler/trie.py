@@ -160,7 +160,10 @@ class CompiledTrie:
         require(bool(np.all(incoming[is_root] == 0) and np.all(incoming[~is_root] == 1)), "each node has one parent")
         # Paths: consecutive edges chain, each path ends at its tool's terminal, counts equal the paths crossing.
         require(bool(np.all(np.diff(self.tool_path_start) >= 1)), "every tool has a non-empty path in every trie")
-        require(self.tool_path_start[-1] == len(self.tool_path_edges), "tool_path_start bounds")
+        require(self.tool_path_start[0] == 0 and self.tool_path_start[-1] == len(self.tool_path_edges),
+                "tool_path_start bounds")
+        require(bool(np.all((self.tool_path_edges >= 0) & (self.tool_path_edges < n_edges))),
+                "tool_path_edges in range")
         counts = np.bincount(self.tool_path_edges, minlength=n_edges)
         require(len(counts) == n_edges and bool(np.all(counts == self.edge_tool_count)),
                 "edge_tool_count equals the number of tool paths crossing each edge")
@@ -235,12 +238,12 @@ def _build_one(paths: Sequence[Sequence[int]]) -> _OneTrie:
     rows, row_lengths = padded[order], lengths[order]
     # lcp[i]: tokens row i shares with row i-1; row i adds the nodes at depths lcp[i]..len-1.
     differs = rows[1:] != rows[:-1]
-    lcp = np.zeros(n_tools, dtype=np.int64)
-    lcp[1:] = np.where(differs.any(axis=1), differs.argmax(axis=1), depth)
-    duplicate = (lcp[1:] == row_lengths[1:]) & (row_lengths[1:] == row_lengths[:-1])
-    if duplicate.any():
-        rows_after = np.nonzero(duplicate)[0] + 1
+    identical = ~differs.any(axis=1)  # padding included: same tokens and same length
+    if identical.any():
+        rows_after = np.nonzero(identical)[0] + 1
         raise DuplicatePathError([(int(order[i - 1]), int(order[i])) for i in rows_after])
+    lcp = np.zeros(n_tools, dtype=np.int64)
+    lcp[1:] = differs.argmax(axis=1)
     cols = np.arange(depth)
     on_path = cols < row_lengths[:, None]
     is_new = on_path & (cols >= lcp[:, None])

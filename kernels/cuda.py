@@ -27,9 +27,9 @@ import numpy as np
 from numba import config, cuda
 
 from tooltrie.compiler.artifact import CONSTANT_MEMORY_BUDGET, Artifact
+from tooltrie.kernels import walk
 from tooltrie.kernels.state import RUNNING, STATUS
 from tooltrie.kernels.vocab import VocabMap
-from tooltrie.kernels import walk
 
 if config.ENABLE_CUDASIM:  # the simulator runs Python: give it the walk as Python too
     walk = walk.python_twin()

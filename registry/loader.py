@@ -49,7 +49,7 @@ def load_registry(path: str | Path, *, name: str | None = None) -> Registry:
     """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not part of the content
     except FileNotFoundError:
         raise RegistryError(f"{path}: registry file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
@@ -96,6 +96,7 @@ def _read_native_yaml(text: str, source: str, name: str) -> tuple[list[_Record],
         loader.dispose()
     if not isinstance(data, dict):
         raise RegistryError(f"{source}: expected a mapping with a 'tools' list at the top level, got {_kind(data)}")
+    _refuse_duplicate_keys(root, source)
     unknown = sorted(set(map(str, data)) - _NATIVE_TOP_KEYS)
     if unknown:
         raise RegistryError(
@@ -116,8 +117,24 @@ def _read_native_yaml(text: str, source: str, name: str) -> tuple[list[_Record],
     return records, declared
 
 
+def _refuse_duplicate_keys(node: yaml.Node, source: str) -> None:
+    """YAML lets a later duplicate key silently win; in a registry that is always a mistake."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[object, int] = {}
+        for key, _ in node.value:
+            line = key.start_mark.line + 1
+            if key.value in seen:
+                raise RegistryError(f"{source}:{line}: duplicate key {key.value!r} (first at line {seen[key.value]})")
+            seen[key.value] = line
+    if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
+        for child in node.value:
+            for part in child if isinstance(child, tuple) else (child,):
+                _refuse_duplicate_keys(part, source)
+
+
 def _read_jsonl(text: str, source: str) -> Iterator[_Record]:
-    for line_number, line in enumerate(text.splitlines(), start=1):
+    # JSON lines end at "\n" only: str.splitlines() would also break inside strings at U+2028 and the like.
+    for line_number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         where = f"{source}:{line_number}"
@@ -157,13 +174,13 @@ def _tool_from_record(record: _Record, *, registry_name: str) -> Tool:
     name = fields.get("name")
     if not isinstance(name, str):
         raise RegistryError(f"{where}: tool name must be a string, got {_kind(name)}")
-    where = f"{where} '{name}'"
+    where = f"{where} {name!r}"
     if not name.strip():
         raise RegistryError(f"{where}: tool name is empty")
     if name != name.strip():
         raise RegistryError(f"{where}: tool name has leading or trailing whitespace")
-    if "\n" in name or "\r" in name:
-        raise RegistryError(f"{where}: tool name contains a newline")
+    if len((name + "x").splitlines()) > 1:  # \n, \r, U+2028, U+0085, ...
+        raise RegistryError(f"{where}: tool name contains a newline or another line break")
     if record.strict:
         unknown = sorted(set(map(str, fields)) - _NATIVE_TOOL_KEYS)
         if unknown:
@@ -176,6 +193,12 @@ def _tool_from_record(record: _Record, *, registry_name: str) -> Tool:
     pointer = fields.get("pointer", f"{registry_name}/{name}")
     if not isinstance(pointer, str) or not pointer.strip():
         raise RegistryError(f"{where}: pointer must be a non-empty string, got {pointer!r}")
+    for field_name in ("name", "description", "pointer", "tags", "examples"):
+        for text in _texts(fields.get(field_name)):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise RegistryError(f"{where}: {field_name} is not valid Unicode (a lone surrogate?)") from None
     return Tool(
         name=name,
         description=description,
@@ -202,6 +225,12 @@ def _string_list(value: Any, what: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
         raise RegistryError(f"{what} must be a list of strings, got {value!r:.80}")
     return tuple(value)
+
+
+def _texts(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
 
 
 def _as_mapping(value: Any, where: str) -> dict[str, Any]:

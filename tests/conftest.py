@@ -1,0 +1,75 @@
+"""Shared, session-scoped fixtures: the bundled tokenizers, the bundled registries and their compiled artifacts.
+
+Everything here comes from the repository itself (the bundled tokenizers and registries); no network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
+from tooltrie.registry import BFCL_PATH, CATALOG_PATH, Registry, load_registry
+
+TOKENIZER_NAMES = ("smollm2-135m", "gpt2")
+REGISTRY_NAMES = ("catalog", "bfcl")
+_REGISTRY_PATHS = {"catalog": CATALOG_PATH, "bfcl": BFCL_PATH}
+
+
+@pytest.fixture(scope="session")
+def tokenizers() -> dict[str, TokenizerInfo]:
+    return {name: TokenizerInfo.load(name) for name in TOKENIZER_NAMES}
+
+
+@pytest.fixture(scope="session")
+def smollm(tokenizers: dict[str, TokenizerInfo]) -> TokenizerInfo:
+    return tokenizers["smollm2-135m"]
+
+
+@pytest.fixture(scope="session")
+def gpt2(tokenizers: dict[str, TokenizerInfo]) -> TokenizerInfo:
+    return tokenizers["gpt2"]
+
+
+@pytest.fixture(scope="session")
+def registries() -> dict[str, Registry]:
+    return {name: load_registry(path) for name, path in _REGISTRY_PATHS.items()}
+
+
+@pytest.fixture(scope="session")
+def catalog(registries: dict[str, Registry]) -> Registry:
+    return registries["catalog"]
+
+
+@pytest.fixture(scope="session")
+def bfcl(registries: dict[str, Registry]) -> Registry:
+    return registries["bfcl"]
+
+
+@pytest.fixture(scope="session")
+def compiled(
+    registries: dict[str, Registry], tokenizers: dict[str, TokenizerInfo]
+) -> Callable[[str, str], Artifact]:
+    """``compiled(registry_name, tokenizer_name)``: the default-contract artifact, compiled once per session."""
+    cache: dict[tuple[str, str], Artifact] = {}
+
+    def get(registry_name: str, tokenizer_name: str) -> Artifact:
+        key = (registry_name, tokenizer_name)
+        if key not in cache:
+            cache[key] = compile_registry(registries[registry_name], tokenizers[tokenizer_name])
+        return cache[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def catalog_artifact(compiled: Callable[[str, str], Artifact]) -> Artifact:
+    return compiled("catalog", "smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def saved_catalog_artifact(catalog_artifact: Artifact, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The catalog artifact (smollm2) saved once; tests must copy it before modifying it."""
+    return catalog_artifact.save(tmp_path_factory.mktemp("artifact") / "catalog.trie.safetensors")
