@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
 from _common import print_table, write_results
 
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry

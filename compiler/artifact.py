@@ -7,6 +7,7 @@ written atomically (temp file + rename), and loading checks everything before an
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -78,7 +79,12 @@ class Artifact:
     def eos_id(self) -> int:
         return int(self.tokenizer_meta["eos_id"])
 
-    @property
+    @functools.cached_property
+    def max_token_id(self) -> int:
+        """The largest token id a decode under this grammar can emit (scores must cover it)."""
+        return max(int(self.trie.edge_token.max(initial=0)), self.eos_id)
+
+    @functools.cached_property
     def sha256(self) -> str:
         """Identity of the compiled grammar: what it was compiled from, and how."""
         key = json.dumps([FORMAT_VERSION, self.registry.sha256, self.tokenizer_fingerprint, self.contract.sha256,

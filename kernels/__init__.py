@@ -6,6 +6,7 @@ Backends (one file each): ``reference`` (NumPy, row by row through ``rules.py``:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -44,10 +45,14 @@ BACKENDS: dict[str, Callable[[], StepFn]] = {"reference": _reference, "cpu": _cp
 def step(artifact: Artifact, state: BatchState, logits: Any, *, backend: str = "auto", **options: Any
          ) -> npt.NDArray[np.int32]:
     """One decode step for the whole batch; see ``kernels/reference.py`` for the semantics."""
-    name = "cpu" if backend == "auto" else backend
+    return _backend("cpu" if backend == "auto" else backend)(artifact, state, logits, **options)
+
+
+@functools.cache
+def _backend(name: str) -> StepFn:
     if name not in BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose from {['auto', *BACKENDS]}")
-    return BACKENDS[name]()(artifact, state, logits, **options)
+        raise ValueError(f"unknown backend {name!r}; choose from {['auto', *BACKENDS]}")
+    return BACKENDS[name]()
 
 
 __all__ = [

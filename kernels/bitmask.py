@@ -16,7 +16,9 @@ BITS_PER_WORD = 32
 
 
 def get_bitmask_shape(batch_size: int, vocab_size: int) -> tuple[int, int]:
-    """>>> get_bitmask_shape(2, 49152)
+    """The shape of a bitmask for ``batch_size`` rows over ``vocab_size`` tokens.
+
+    >>> get_bitmask_shape(2, 49152)
     (2, 1536)
     """
     return batch_size, (vocab_size + BITS_PER_WORD - 1) // BITS_PER_WORD
@@ -46,7 +48,9 @@ def apply_token_bitmask_inplace(logits: Any, bitmask: Any, *, indices: Iterable[
 
     Row ``i`` of ``bitmask`` masks row ``i`` of ``logits``; columns past the bitmask's width are masked too.
     """
-    rows = list(range(logits.shape[0])) if indices is None else list(indices)
+    rows = list(range(logits.shape[0])) if indices is None else [int(i) for i in indices]
+    if not rows:
+        return
     vocab = logits.shape[-1]
     if isinstance(logits, np.ndarray):
         allowed = np.unpackbits(np.asarray(bitmask)[rows].view(np.uint8), axis=-1, bitorder="little")
@@ -56,9 +60,10 @@ def apply_token_bitmask_inplace(logits: Any, bitmask: Any, *, indices: Iterable[
     import torch
 
     bits = torch.arange(BITS_PER_WORD, device=logits.device, dtype=torch.int32)
-    words = bitmask[rows].to(logits.device)
+    words = torch.as_tensor(np.asarray(bitmask)[rows] if isinstance(bitmask, np.ndarray) else bitmask[rows],
+                            device=logits.device)
     allowed_bits = ((words.unsqueeze(-1) >> bits) & 1).bool().flatten(1)
     if allowed_bits.shape[1] < vocab:
         allowed_bits = torch.nn.functional.pad(allowed_bits, (0, vocab - allowed_bits.shape[1]))
-    index = torch.as_tensor(rows, device=logits.device)
+    index = torch.as_tensor(rows, device=logits.device, dtype=torch.long)
     logits[index] = logits[index].masked_fill(~allowed_bits[:, :vocab], float("-inf"))

@@ -15,15 +15,15 @@ import numpy.typing as npt
 
 from tooltrie.compiler.artifact import Artifact
 from tooltrie.kernels.state import RUNNING, STATUS, BatchState
-from tooltrie.kernels.vocab import VocabMap
-from tooltrie.kernels.walk import best_move, best_plain, is_plain, take_move, take_plain
+from tooltrie.kernels.vocab import VocabMap, check_step_inputs
+from tooltrie.kernels.walk import best_move, best_plain, is_plain, plain_excluded, take_move, take_plain
 
 
 def step(artifact: Artifact, state: BatchState, logits: Any, *, reasoning_end_id: int | None = None,
          vocab: VocabMap | None = None) -> npt.NDArray[np.int32]:
     """One step for the whole batch; advances ``state`` in place and returns the chosen full token ids."""
     scores = as_numpy_scores(logits)
-    return _run(artifact, state, scores, None, scores.shape[1], reasoning_end_id, vocab)
+    return _run(artifact, state, scores, None, scores.shape[0], scores.shape[1], reasoning_end_id, vocab)
 
 
 def sparse_step(artifact: Artifact, state: BatchState, hidden: Any, output_embedding: Any, *,
@@ -31,23 +31,26 @@ def sparse_step(artifact: Artifact, state: BatchState, hidden: Any, output_embed
     """One step from final hidden states ``[B, H]`` and the output embedding ``W [V, H]``: only the rows of
     ``W`` for legal tokens are multiplied (rows without a grammar still need the whole head)."""
     weights, hidden_states = as_numpy_scores(output_embedding), as_numpy_scores(hidden)
-    return _run(artifact, state, weights, hidden_states, weights.shape[0], reasoning_end_id, vocab)
+    return _run(artifact, state, weights, hidden_states, hidden_states.shape[0], weights.shape[0], reasoning_end_id,
+                vocab)
 
 
 def as_numpy_scores(values: Any) -> npt.NDArray[Any]:
-    """A NumPy view of CPU scores; a torch tensor is shared when it can be (bfloat16 becomes float32)."""
-    if isinstance(values, np.ndarray):
-        return values
-    import torch
+    """A NumPy view of CPU scores; a torch tensor is shared when it can be. Half precision (float16, bfloat16)
+    becomes float32: Numba's CPU target has no half types, and the conversion is exact."""
+    if not isinstance(values, np.ndarray):
+        import torch
 
-    if values.dtype == torch.bfloat16:
-        values = values.float()
-    return np.asarray(values.detach().cpu().numpy())
+        if values.dtype in (torch.bfloat16, torch.float16):
+            values = values.float()
+        values = values.detach().cpu().numpy()
+    return values.astype(np.float32) if values.dtype == np.float16 else values
 
 
 def _run(artifact: Artifact, state: BatchState, scores: npt.NDArray[Any], hidden: npt.NDArray[Any] | None,
-         n_cols: int, reasoning_end_id: int | None, vocab: VocabMap | None) -> npt.NDArray[np.int32]:
+         n_rows: int, n_cols: int, reasoning_end_id: int | None, vocab: VocabMap | None) -> npt.NDArray[np.int32]:
     vocab = vocab or VocabMap.identity(n_cols)
+    check_step_inputs(artifact, len(state), n_rows, n_cols, vocab)
     trie = artifact.trie
     chosen = np.empty(len(state), dtype=np.int32)
     _step_rows(trie.node_edge_start, trie.edge_token, trie.edge_child, trie.edge_tool_count, trie.node_tool,
@@ -69,7 +72,8 @@ def _step_rows(node_edge_start: Any, edge_token: Any, edge_child: Any, edge_tool
         if table[row, STATUS] != RUNNING:
             continue
         if is_plain(table, row):
-            _, token = best_plain(row, 0, 1, n_cols, scores, hidden, output_to_full)
+            _, token = best_plain(row, 0, 1, n_cols, scores, hidden, output_to_full,
+                                  plain_excluded(table, row, eos_id))
             take_plain(row, token, eos_id, reasoning_end_id, table, chosen)
             continue
         _, token, kind, edge = best_move(row, 0, 1, trie, n_tools, eos_id, table, scores, hidden, full_to_output)

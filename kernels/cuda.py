@@ -29,12 +29,12 @@ from numba import config, cuda
 from tooltrie.compiler.artifact import CONSTANT_MEMORY_BUDGET, Artifact
 from tooltrie.kernels import walk
 from tooltrie.kernels.state import RUNNING, STATUS
-from tooltrie.kernels.vocab import VocabMap
+from tooltrie.kernels.vocab import VocabMap, check_step_inputs
 
 if config.ENABLE_CUDASIM:  # the simulator runs Python: give it the walk as Python too
     walk = walk.python_twin()
-beats, best_move, best_plain, is_plain, take_move, take_plain = (
-    walk.beats, walk.best_move, walk.best_plain, walk.is_plain, walk.take_move, walk.take_plain)
+beats, best_move, best_plain, is_plain, plain_excluded, take_move, take_plain = (
+    walk.beats, walk.best_move, walk.best_plain, walk.is_plain, walk.plain_excluded, walk.take_move, walk.take_plain)
 
 LOG = logging.getLogger(__name__)
 WARP = 32
@@ -61,7 +61,8 @@ def _warp_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table
     s_edge = cuda.shared.array(WARP, dtype=np.int64)
     plain = is_plain(table, row)
     if plain:
-        value, token = best_plain(row, lane, WARP, n_cols, scores, hidden, output_to_full)
+        value, token = best_plain(row, lane, WARP, n_cols, scores, hidden, output_to_full,
+                                  plain_excluded(table, row, eos_id))
         kind, edge = -1, -1
     else:
         value, token, kind, edge = best_move(row, lane, WARP, trie, n_tools, eos_id, table, scores, hidden,
@@ -93,7 +94,8 @@ def _thread_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, tab
     if table[row, STATUS] != RUNNING:
         chosen[row] = -1
     elif is_plain(table, row):
-        _, token = best_plain(row, 0, 1, n_cols, scores, hidden, output_to_full)
+        _, token = best_plain(row, 0, 1, n_cols, scores, hidden, output_to_full,
+                                  plain_excluded(table, row, eos_id))
         take_plain(row, token, eos_id, reasoning_end_id, table, chosen)
     else:
         _, token, kind, edge = best_move(row, 0, 1, trie, n_tools, eos_id, table, scores, hidden, full_to_output)
@@ -183,18 +185,19 @@ class CudaStepper:
         """One step: ``table`` is the slot-state table on the device (advanced in place), ``logits`` ``[B, V]``,
         ``chosen`` an int32 ``[B]`` output. Torch tensors are launched on torch's current stream."""
         logits = _bf16_as_bits(logits)
-        self._launch(table, logits, None, logits.shape[1], chosen, reasoning_end_id, vocab, stream)
+        self._launch(table, logits, None, logits.shape[0], logits.shape[1], chosen, reasoning_end_id, vocab, stream)
 
     def sparse_step(self, table: Any, hidden: Any, output_embedding: Any, chosen: Any, *,
                     reasoning_end_id: int | None = None, vocab: VocabMap | None = None, stream: Any = None) -> None:
         """One step from hidden states ``[B, H]`` and ``W [V, H]``: dot products for legal tokens only, and the
         selection, in the same launch; no ``[B, V]`` logits exist."""
-        self._launch(table, output_embedding, hidden, output_embedding.shape[0], chosen, reasoning_end_id, vocab,
-                     stream)
+        self._launch(table, output_embedding, hidden, hidden.shape[0], output_embedding.shape[0], chosen,
+                     reasoning_end_id, vocab, stream)
 
-    def _launch(self, table: Any, scores: Any, hidden: Any, n_cols: int, chosen: Any, reasoning_end_id: int | None,
-                vocab: VocabMap | None, stream: Any) -> None:
+    def _launch(self, table: Any, scores: Any, hidden: Any, n_rows: int, n_cols: int, chosen: Any,
+                reasoning_end_id: int | None, vocab: VocabMap | None, stream: Any) -> None:
         vocab = vocab or VocabMap.identity(n_cols)
+        check_step_inputs(self.artifact, table.shape[0], n_rows, n_cols, vocab)
         maps = _device_maps(vocab)
         stream = stream if stream is not None else _torch_stream(scores)
         batch = table.shape[0]

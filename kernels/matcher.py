@@ -53,7 +53,7 @@ class TrieMatcher:
         return self._history[-1]
 
     def legal_tokens(self) -> list[int] | None:
-        """The legal next tokens in ascending order, or None while unconstrained (thinking)."""
+        """The legal next tokens in ascending order, or None while thinking (then anything but stop is legal)."""
         if self._state.thinking:
             return None
         return sorted(legal_moves(self.artifact.trie, self._state.slot, self.artifact.eos_id))
@@ -62,6 +62,8 @@ class TrieMatcher:
         """Advance by ``token`` if legal; an illegal token is refused and changes nothing."""
         state = self._state
         if state.thinking:
+            if token == self.artifact.eos_id:
+                return False  # the answer is owed: no stop before it, not even while thinking
             self._history.append(replace(state, thinking=token != self.reasoning_end_id))
             return True
         move = legal_moves(self.artifact.trie, state.slot, self.artifact.eos_id).get(int(token))
@@ -75,7 +77,9 @@ class TrieMatcher:
         tokens = self.legal_tokens()
         if tokens is None:
             bitmask[index] = -1
-            return False
+            eos = self.artifact.eos_id
+            bitmask[index].view(np.uint32)[eos >> 5] &= ~np.uint32(1 << (eos & 31))
+            return True
         set_allowed(bitmask[index], tokens)
         return True
 

@@ -79,7 +79,10 @@ class BatchState:
         for row, (k, has_grammar) in enumerate(zip(ks_array, constrained_array, strict=True)):
             if has_grammar:
                 check_k(int(k), n_tools, where=f"slot {row}")
-        width = int(k_max if k_max is not None else max(1, int(ks_array.max(initial=1))))
+        widest = max(1, int(ks_array.max(initial=1)))
+        width = widest if k_max is None else int(k_max)
+        if width < widest:
+            raise DecodeError(f"k_max={width} leaves no room for a slot with k={widest}")
         table = np.zeros((len(ks_array), USED + width), dtype=np.int32)
         table[:, USED:] = -1
         table[:, K] = ks_array
@@ -122,6 +125,8 @@ class BatchState:
         mapping = np.asarray(batch_mapping, dtype=np.int64)
         if mapping.shape != (len(self),):
             raise DecodeError(f"batch_mapping has shape {mapping.shape}, expected ({len(self)},)")
+        if (mapping < -1).any():
+            raise DecodeError(f"batch_mapping holds {int(mapping.min())}: entries are new indices, or -1 for evicted")
         kept = mapping[mapping >= 0]
         if not np.array_equal(np.sort(kept), np.arange(len(kept))):
             raise DecodeError(f"batch_mapping must send kept slots to 0..{len(kept) - 1} exactly once, got {kept}")

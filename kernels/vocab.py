@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from tooltrie.errors import DecodeError
+
+if TYPE_CHECKING:
+    from tooltrie.compiler.artifact import Artifact
 
 
 @dataclass(frozen=True, eq=False)
@@ -44,3 +48,15 @@ def _identity(vocab_size: int) -> VocabMap:
     ids = np.arange(vocab_size, dtype=np.int32)
     ids.setflags(write=False)
     return VocabMap(output_to_full=ids, full_to_output=ids)
+
+
+def check_step_inputs(artifact: Artifact, n_slots: int, n_rows: int, n_cols: int, vocab: VocabMap) -> None:
+    """Refuse scores and maps that do not cover the batch and the trie's tokens: compiled backends would read
+    out of bounds. Costs a few comparisons per step."""
+    if n_rows < n_slots:
+        raise DecodeError(f"scores have {n_rows} rows for {n_slots} slots")
+    if len(vocab.output_to_full) != n_cols:
+        raise DecodeError(f"scores have {n_cols} columns but the vocabulary map has {len(vocab.output_to_full)}")
+    if len(vocab.full_to_output) <= artifact.max_token_id:
+        raise DecodeError(f"the vocabulary covers ids below {len(vocab.full_to_output)}, but the grammar uses token "
+                          f"{artifact.max_token_id}: the scores must span the tokenizer's vocabulary")

@@ -100,11 +100,13 @@ def beats(value: float, token: int, best_value: float, best_token: int) -> bool:
 
 @_jit
 def open_count(edge: int, trie_index: int, depth: int, table: Any, row: int, extra_tool: int, n_tools: int,
-               trie: Any) -> int:
+               edge_tool_count: Any, tool_path_start: Any, tool_path_edges: Any) -> int:
     """Unused tools below ``edge``: its compiled count minus the used tools (and ``extra_tool``, if >= 0)
-    whose path crosses it; a used tool crosses at most this one edge of the node, at ``depth``."""
-    tool_path_start, tool_path_edges = trie[7], trie[8]
-    count = trie[3][edge]
+    whose path crosses it; a used tool crosses at most this one edge of the node, at ``depth``.
+
+    Takes the three arrays it reads rather than the trie tuple: this runs once per candidate edge, and passing
+    the tuple costs reference counting on every call."""
+    count = edge_tool_count[edge]
     emitted = table[row, EMITTED]
     for j in range(emitted + (1 if extra_tool >= 0 else 0)):
         tool = table[row, USED + j] if j < emitted else extra_tool
@@ -118,7 +120,7 @@ def open_count(edge: int, trie_index: int, depth: int, table: Any, row: int, ext
 def terminal_unused(table: Any, row: int, tool: int) -> bool:
     if tool < 0:
         return False
-    for j in range(table[row, EMITTED]):
+    for j in range(table[row, EMITTED]):  # noqa: SIM110  (Numba compiles loops, not all() over a generator)
         if table[row, USED + j] == tool:
             return False
     return True
@@ -128,7 +130,8 @@ def terminal_unused(table: Any, row: int, tool: int) -> bool:
 def best_move(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id: int, table: Any, scores: Any,
               hidden: Any, full_to_output: Any) -> tuple[float, int, int, int]:
     """This lane's best legal move of a constrained, running slot: (score, token, kind, edge); token -1: none."""
-    node_edge_start, edge_token, node_tool, trie_root, phase_trie = trie[0], trie[1], trie[4], trie[5], trie[6]
+    node_edge_start, edge_token, edge_tool_count, node_tool = trie[0], trie[1], trie[3], trie[4]
+    trie_root, phase_trie, tool_path_start, tool_path_edges = trie[5], trie[6], trie[7], trie[8]
     k, node, depth, emitted = table[row, K], table[row, NODE], table[row, DEPTH], table[row, EMITTED]
     tool = node_tool[node]
     unused = terminal_unused(table, row, tool)
@@ -145,10 +148,12 @@ def best_move(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id:
     for i in range(lane, n_own + n_hop, stride):
         if i < n_own:
             edge, kind = own_first + i, MOVE_EDGE
-            count = open_count(edge, own_trie, depth, table, row, -1, n_tools, trie)
+            count = open_count(edge, own_trie, depth, table, row, -1, n_tools, edge_tool_count, tool_path_start,
+                               tool_path_edges)
         else:
             edge, kind = hop_first + i - n_own, MOVE_HOP
-            count = open_count(edge, hop_trie, 0, table, row, tool, n_tools, trie)
+            count = open_count(edge, hop_trie, 0, table, row, tool, n_tools, edge_tool_count, tool_path_start,
+                               tool_path_edges)
         token = edge_token[edge]
         col = full_to_output[token]
         if count > 0 and col >= 0:
@@ -163,16 +168,24 @@ def best_move(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id:
 
 
 @_jit
-def best_plain(row: int, lane: int, stride: int, n_cols: int, scores: Any, hidden: Any,
-               output_to_full: Any) -> tuple[float, int]:
-    """This lane's share of a plain argmax (rows without a grammar, or still thinking): (score, full token)."""
+def best_plain(row: int, lane: int, stride: int, n_cols: int, scores: Any, hidden: Any, output_to_full: Any,
+               excluded: int) -> tuple[float, int]:
+    """This lane's share of a plain argmax (rows without a grammar, or still thinking): (score, full token).
+    ``excluded`` (a full id, or -1) is never chosen: a constrained row may not stop while it thinks."""
     best_value, best_token = -np.inf, -1
     for col in range(lane, n_cols, stride):
-        value = score(scores, hidden, row, col)
         token = output_to_full[col]
-        if beats(value, token, best_value, best_token):
-            best_value, best_token = value, token
+        if token != excluded:
+            value = score(scores, hidden, row, col)
+            if beats(value, token, best_value, best_token):
+                best_value, best_token = value, token
     return best_value, best_token
+
+
+@_jit
+def plain_excluded(table: Any, row: int, eos_id: int) -> int:
+    """The token a plain step must not take: the stop token while a constrained row is still thinking."""
+    return eos_id if table[row, CONSTRAINED] != 0 else -1
 
 
 @_jit
@@ -200,12 +213,13 @@ def take_move(row: int, token: int, kind: int, edge: int, trie: Any, table: Any,
 @_jit
 def take_plain(row: int, token: int, eos_id: int, reasoning_end_id: int, table: Any, chosen: Any) -> None:
     """Record a plain argmax: a thinking row starts its constraint after the marker; a row without a
-    grammar is done at the stop token."""
+    grammar is done at the stop token; a row with nothing to choose (every column excluded) fails."""
     chosen[row] = token
-    if table[row, THINKING] != 0:
-        if token == reasoning_end_id:
-            table[row, THINKING] = 0
-    elif token == eos_id:
+    if token < 0:
+        table[row, STATUS] = ERROR
+    elif table[row, THINKING] != 0 and token == reasoning_end_id:
+        table[row, THINKING] = 0
+    elif table[row, CONSTRAINED] == 0 and token == eos_id:
         table[row, STATUS] = DONE
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ class Registry:
     def __len__(self) -> int:
         return len(self.tools)
 
-    @property
+    @functools.cached_property
     def sha256(self) -> str:
         """Hash of the tools' content, independent of the file format and its whitespace."""
         canonical = json.dumps([tool.content() for tool in self.tools], sort_keys=True, ensure_ascii=False)
