@@ -20,7 +20,7 @@ if not (config.ENABLE_CUDASIM or cuda.is_available()):
     pytest.skip("no GPU here and NUMBA_ENABLE_CUDASIM is not set: the CUDA kernels cannot run",
                 allow_module_level=True)
 
-from tooltrie.kernels.cuda import CudaStepper, compact_on_device  # noqa: E402  (needs a CUDA target)
+from tooltrie.kernels.cuda import CudaStepper, compact_on_device
 
 VARIANTS = [("constant", "warp"), ("constant", "thread"), ("global", "warp"), ("global", "thread")]
 

@@ -11,7 +11,7 @@ import pytest
 
 from tooltrie.compiler import Contract, TokenizerInfo, compile_registry
 from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR
-from tooltrie.errors import ArtifactError, RegistryError
+from tooltrie.errors import RegistryError
 from tooltrie.registry import load_registry, make_registry
 
 # (suffix, file text, message pattern). "{file}" in a pattern stands for the escaped path of the file.
