@@ -34,6 +34,7 @@ from tooltrie.registry.model import Registry, Tool
 PROGRESS_MIN_TOOLS = 10_000  # show a progress bar from this many tools on
 _ENCODE_CHUNK = 8_192
 _SCREEN_ANSWERS = 64  # answers tried on a split point before the full verification
+_CHAIN_LENGTH = 32  # tools per verification chain
 
 
 def compile_registry(
@@ -41,14 +42,14 @@ def compile_registry(
     tokenizer: TokenizerInfo,
     contract: Contract | None = None,
     *,
-    sample_pairs: int = 1_000,
+    sample: int = 1_000,
     seed: int = 0,
     progress: bool | None = None,
 ) -> Artifact:
     """Compile ``registry`` into an :class:`Artifact` whose trie paths equal the tokenizer's encodings.
 
-    Every tool is verified in every position (first, middle and last of a three-tool answer with random
-    neighbours), plus ``sample_pairs`` random two-tool answers. Raises :class:`RegistryError` for names the
+    Every tool is verified in context in every position (see ``_verification_answers``), plus ``sample`` random
+    pairs and triples. Raises :class:`RegistryError` for names the
     contract or tokenizer cannot carry and :class:`CompileError` when no split of the separator represents
     the registry.
 
@@ -63,16 +64,16 @@ def compile_registry(
         contract.check_name(tool.name, tool.where)
     show = len(names) >= PROGRESS_MIN_TOOLS if progress is None else progress
     encoder = _Encoder(tokenizer, show)
-    _check_names_encode(registry, encoder.encode([*names]), tokenizer)
+    bare_paths = encoder.encode(names)
+    _check_names_encode(registry, bare_paths, tokenizer)
 
-    rng = np.random.default_rng(seed)
-    answers = _verification_answers(len(names), sample_pairs, rng)
     failures: dict[Split, str] = {}
     for split in _split_candidates(contract.separator):
-        paths = _phase_paths(names, split, encoder)
-        bad = _mismatches(answers[:_SCREEN_ANSWERS], names, split, paths, contract, encoder)
+        answers = _verification_answers(names, split, sample, np.random.default_rng(seed))
+        paths = _phase_paths(names, split, encoder, bare_paths)
+        bad = _mismatches(answers[:_SCREEN_ANSWERS], names, paths, contract, encoder)
         if not bad:
-            bad = _mismatches(answers, names, split, paths, contract, encoder)
+            bad = _mismatches(answers, names, paths, contract, encoder)
         if bad:
             failures[split] = _describe_mismatches(bad, names, contract)
             continue
@@ -93,14 +94,36 @@ def _split_candidates(separator: str) -> list[Split]:
     return [Split(separator[:i], separator[i:]) for i in range(len(separator) + 1)]
 
 
-def _verification_answers(n_tools: int, sample_pairs: int, rng: np.random.Generator) -> list[tuple[int, ...]]:
-    """Each tool once in each position of a three-tool answer, then random pairs; the order is shuffled so a
-    screen of the first few answers sees a spread of tools."""
-    tools = np.arange(n_tools)
-    triples = np.stack([tools, rng.permutation(n_tools), rng.permutation(n_tools)], axis=1)
-    pairs = rng.integers(0, n_tools, size=(sample_pairs, 2))
-    answers: list[tuple[int, ...]] = [tuple(map(int, row)) for row in triples]
-    answers += [tuple(map(int, row)) for row in pairs]
+def _verification_answers(names: list[str], split: Split, sample: int,
+                          rng: np.random.Generator) -> list[tuple[int, ...]]:
+    """The answers whose encodings must equal the concatenation of their tools' paths.
+
+    - Chains: a random order of all tools cut into runs of ``_CHAIN_LENGTH``, each run between two more tools,
+      so every tool sits once in a middle position, a separator on either side, for about one name of text.
+    - Every tool first, before the shortest other name: the first position's right-hand context.
+    - Every tool last, after the shortest other name, when the separator's left part is not empty (with an
+      empty left part a last tool's path is the text that ends the answer, encoded as it stands).
+    - ``sample`` random pairs and as many random triples, for variety.
+
+    The order is shuffled, so a screen of the first few answers sees a spread of tools.
+    """
+    n = len(names)
+    by_length = sorted(range(n), key=lambda tool: len(names[tool]))
+    shortest, runner_up = by_length[0], by_length[min(1, n - 1)]
+
+    def partner(tool: int) -> int:
+        return runner_up if tool == shortest else shortest
+
+    order = rng.permutation(n).tolist()
+    answers: list[tuple[int, ...]] = [
+        (int(rng.integers(n)), *order[start : start + _CHAIN_LENGTH], int(rng.integers(n)))
+        for start in range(0, n, _CHAIN_LENGTH)
+    ]
+    answers += [(tool, partner(tool)) for tool in range(n)]
+    if split.left:
+        answers += [(partner(tool), tool) for tool in range(n)]
+    answers += [tuple(row) for row in rng.integers(0, n, size=(sample, 2)).tolist()]
+    answers += [tuple(row) for row in rng.integers(0, n, size=(sample, 3)).tolist()]
     return [answers[i] for i in rng.permutation(len(answers))]
 
 
@@ -151,9 +174,11 @@ def _same_tokens_error(tool: Tool, twin: Tool) -> RegistryError:
     return RegistryError(f"{tool.where}: tool name tokenizes exactly like {twin.name!r} ({twin.where}){hint}")
 
 
-def _phase_paths(names: list[str], split: Split, encoder: _Encoder) -> dict[int, list[list[int]]]:
-    """Token paths of every tool in each phase (phases with the same affixes share one encoding)."""
-    by_affix: dict[tuple[str, str], list[list[int]]] = {}
+def _phase_paths(names: list[str], split: Split, encoder: _Encoder,
+                 bare_paths: list[list[int]]) -> dict[int, list[list[int]]]:
+    """Token paths of every tool in each phase (phases with the same affixes share one encoding; the bare names
+    are encoded already)."""
+    by_affix: dict[tuple[str, str], list[list[int]]] = {("", ""): bare_paths}
     paths = {}
     for phase in range(N_PHASES):
         prefix, suffix = split.affixes(phase)
@@ -167,21 +192,21 @@ def _phase_paths(names: list[str], split: Split, encoder: _Encoder) -> dict[int,
 def _mismatches(
     answers: Sequence[tuple[int, ...]],
     names: list[str],
-    split: Split,
     paths: dict[int, list[list[int]]],
     contract: Contract,
     encoder: _Encoder,
 ) -> list[tuple[int, ...]]:
     """The answers whose canonical encoding is not the concatenation of their tools' phase paths."""
     actual = encoder.encode([contract.render([names[t] for t in answer]) for answer in answers], what="verifying")
+    first_last, first_more, next_last, next_more = (paths[phase] for phase in (
+        PHASE_FIRST_LAST, PHASE_FIRST_MORE, PHASE_NEXT_LAST, PHASE_NEXT_MORE))
     bad = []
     for answer, ids in zip(answers, actual, strict=True):
-        expected: list[int] = []
-        for position, tool in enumerate(answer):
-            last = position == len(answer) - 1
-            phase = (PHASE_NEXT_LAST if last else PHASE_NEXT_MORE) if position else (
-                PHASE_FIRST_LAST if last else PHASE_FIRST_MORE)
-            expected += paths[phase][tool]
+        if len(answer) == 1:
+            expected = first_last[answer[0]]
+        else:
+            expected = first_more[answer[0]] + [token for tool in answer[1:-1] for token in next_more[tool]]
+            expected += next_last[answer[-1]]
         if expected != ids:
             bad.append(answer)
     return bad

@@ -102,7 +102,7 @@ class TokenizerInfo:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """``encode`` for many texts at once (parallel in Rust)."""
-        return [list(e.ids) for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
+        return [e.ids for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))

@@ -17,6 +17,7 @@ Arrays (all int32, so one kernel signature serves every registry; limits: < 2**3
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
@@ -233,7 +234,8 @@ def _build_one(paths: Sequence[Sequence[int]]) -> _OneTrie:
     depth = int(lengths.max())
     # Pad with -1: a path sorts before its extensions, and padding never equals a token.
     padded = np.full((n_tools, depth), -1, dtype=np.int64)
-    padded[np.arange(depth) < lengths[:, None]] = np.concatenate([np.asarray(p, dtype=np.int64) for p in paths])
+    padded[np.arange(depth) < lengths[:, None]] = np.fromiter(itertools.chain.from_iterable(paths), dtype=np.int64,
+                                                              count=int(lengths.sum()))
     order = np.lexsort(padded.T[::-1])
     rows, row_lengths = padded[order], lengths[order]
     # lcp[i]: tokens row i shares with row i-1; row i adds the nodes at depths lcp[i]..len-1.
