@@ -208,7 +208,7 @@ def _replay_rows(best: Any) -> Any:
             if table[row, STATUS] != RUNNING:
                 continue
             if is_plain(table, row):
-                _, plain = best_plain(row, 0, 1, n_cols, scores, hidden, output_to_full)
+                _, plain = best_plain(row, 0, 1, n_cols, scores, hidden, output_to_full, -1)
                 take_plain(row, plain, eos_id, reasoning_end_id, table, chosen)
                 continue
             _, best_token, _, _ = best(row, 0, 1, trie, n_tools, eos_id, table, scores, hidden, full_to_output)

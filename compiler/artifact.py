@@ -140,6 +140,7 @@ class Artifact:
                 out.write(blob)
                 out.flush()
                 os.fsync(out.fileno())
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; an artifact is as readable as any file
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
@@ -165,7 +166,10 @@ class Artifact:
             raise ArtifactError(f"{path}: safetensors file without a tooltrie header") from None
         if not isinstance(header, dict):
             raise ArtifactError(f"{path}: the tooltrie header is not a JSON object")
-        if header.get("arrays_sha256") != arrays_sha256(arrays):
+        if "arrays_sha256" not in header:
+            raise ArtifactError(f"{path}: the header has no checksum of the trie arrays (written by an older "
+                                "tooltrie?); recompile the registry")
+        if header["arrays_sha256"] != arrays_sha256(arrays):
             raise ArtifactError(f"{path}: the trie arrays do not match the checksum in the header (corrupt file?)")
         artifact = cls._from_header(header, arrays, path)
         artifact.check_compatible(tokenizer=tokenizer, registry=registry, contract=contract, where=str(path))
@@ -227,3 +231,8 @@ class Artifact:
             ids += self.trie.edge_token[edges].tolist()
         return ids
 
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

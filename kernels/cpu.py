@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import numba
 import numpy as np
 import numpy.typing as npt
 
 from tooltrie.compiler.artifact import Artifact
-from tooltrie.kernels.state import RUNNING, STATUS, BatchState
+from tooltrie.kernels.state import BatchState
 from tooltrie.kernels.vocab import VocabMap, check_step_inputs
-from tooltrie.kernels.walk import best_move, best_plain, is_plain, plain_excluded, take_move, take_plain
+from tooltrie.kernels.walk import step_rows
 
 
 def step(artifact: Artifact, state: BatchState, logits: Any, *, reasoning_end_id: int | None = None,
@@ -53,28 +52,8 @@ def _run(artifact: Artifact, state: BatchState, scores: npt.NDArray[Any], hidden
     check_step_inputs(artifact, len(state), n_rows, n_cols, vocab)
     trie = artifact.trie
     chosen = np.empty(len(state), dtype=np.int32)
-    _step_rows(trie.node_edge_start, trie.edge_token, trie.edge_child, trie.edge_tool_count, trie.node_tool,
+    step_rows(trie.node_edge_start, trie.edge_token, trie.edge_child, trie.edge_tool_count, trie.node_tool,
                trie.trie_root, trie.phase_trie, trie.tool_path_start, trie.tool_path_edges, trie.n_tools,
                artifact.eos_id, -1 if reasoning_end_id is None else reasoning_end_id, state.table, scores, hidden,
                n_cols, vocab.full_to_output, vocab.output_to_full, chosen)
     return chosen
-
-
-@numba.njit(cache=True, nogil=True)
-def _step_rows(node_edge_start: Any, edge_token: Any, edge_child: Any, edge_tool_count: Any, node_tool: Any,
-               trie_root: Any, phase_trie: Any, tool_path_start: Any, tool_path_edges: Any, n_tools: int,
-               eos_id: int, reasoning_end_id: int, table: Any, scores: Any, hidden: Any, n_cols: int,
-               full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
-    trie = (node_edge_start, edge_token, edge_child, edge_tool_count, node_tool, trie_root, phase_trie,
-            tool_path_start, tool_path_edges)
-    for row in range(table.shape[0]):
-        chosen[row] = -1
-        if table[row, STATUS] != RUNNING:
-            continue
-        if is_plain(table, row):
-            _, token = best_plain(row, 0, 1, n_cols, scores, hidden, output_to_full,
-                                  plain_excluded(table, row, eos_id))
-            take_plain(row, token, eos_id, reasoning_end_id, table, chosen)
-            continue
-        _, token, kind, edge = best_move(row, 0, 1, trie, n_tools, eos_id, table, scores, hidden, full_to_output)
-        take_move(row, token, kind, edge, trie, table, chosen)

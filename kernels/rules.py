@@ -18,12 +18,13 @@ from dataclasses import dataclass, replace
 from enum import IntEnum
 
 from tooltrie.compiler.trie import CompiledTrie, phase_of
+from tooltrie.kernels import walk
 
 
 class Status(IntEnum):
-    RUNNING = 0
-    DONE = 1
-    ERROR = 2
+    RUNNING = walk.RUNNING
+    DONE = walk.DONE
+    ERROR = walk.ERROR
 
 
 @dataclass(frozen=True)

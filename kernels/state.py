@@ -17,13 +17,37 @@ from tooltrie.compiler.artifact import Artifact
 from tooltrie.compiler.trie import phase_of
 from tooltrie.errors import DecodeError
 from tooltrie.kernels.rules import Slot, Status
+from tooltrie.kernels.walk import (  # the table's layout: columns and status values
+    CONSTRAINED,
+    DEPTH,
+    DONE,
+    EMITTED,
+    ERROR,
+    NODE,
+    RUNNING,
+    STATUS,
+    THINKING,
+    USED,
+    K,
+)
 
-RUNNING, DONE, ERROR = int(Status.RUNNING), int(Status.DONE), int(Status.ERROR)
+__all__ = [
+    "CONSTRAINED",
+    "DEPTH",
+    "DONE",
+    "EMITTED",
+    "ERROR",
+    "NODE",
+    "RUNNING",
+    "STATUS",
+    "THINKING",
+    "USED",
+    "BatchState",
+    "K",
+    "check_k",
+]
+
 Column = npt.NDArray[np.int32]  # a view into the table: writes go through
-
-
-# Columns of the state table; a slot's used tools fill the columns from USED on, -1 after the last.
-K, NODE, DEPTH, EMITTED, STATUS, CONSTRAINED, THINKING, USED = range(8)
 
 
 @dataclass(eq=False)

@@ -25,7 +25,10 @@ import numpy as np
 from numba import types
 from numba.core.extending import overload
 
-from tooltrie.kernels.state import CONSTRAINED, DEPTH, DONE, EMITTED, ERROR, NODE, STATUS, THINKING, USED, K
+# The slot-state table (one int32 row per slot; ``kernels/state.py`` wraps it). Its layout is defined here, in
+# the file the compiled code comes from, so Numba's on-disk cache (keyed by this file) never outlives a change.
+K, NODE, DEPTH, EMITTED, STATUS, CONSTRAINED, THINKING, USED = range(8)  # columns; used tools from USED on
+RUNNING, DONE, ERROR = 0, 1, 2  # values of the STATUS column
 
 MOVE_EDGE, MOVE_HOP, MOVE_STOP = 0, 1, 2
 _BF16_MAGNITUDE, _BF16_INF = 0x7FFF, 0x7F80
@@ -34,6 +37,7 @@ _BF16_MAGNITUDE, _BF16_INF = 0x7FFF, 0x7F80
 # take; it calls a twin of this module whose functions stay plain Python (see ``python_twin``).
 _AS_PYTHON: bool = globals().get("_AS_PYTHON", False)
 _jit: Any = (lambda function: function) if _AS_PYTHON else numba.njit(cache=True, inline="always")
+_entry: Any = (lambda function: function) if _AS_PYTHON else numba.njit(cache=True, nogil=True)
 
 
 @functools.cache
@@ -99,24 +103,6 @@ def beats(value: float, token: int, best_value: float, best_token: int) -> bool:
 
 
 @_jit
-def open_count(edge: int, trie_index: int, depth: int, table: Any, row: int, extra_tool: int, n_tools: int,
-               edge_tool_count: Any, tool_path_start: Any, tool_path_edges: Any) -> int:
-    """Unused tools below ``edge``: its compiled count minus the used tools (and ``extra_tool``, if >= 0)
-    whose path crosses it; a used tool crosses at most this one edge of the node, at ``depth``.
-
-    Takes the three arrays it reads rather than the trie tuple: this runs once per candidate edge, and passing
-    the tuple costs reference counting on every call."""
-    count = edge_tool_count[edge]
-    emitted = table[row, EMITTED]
-    for j in range(emitted + (1 if extra_tool >= 0 else 0)):
-        tool = table[row, USED + j] if j < emitted else extra_tool
-        start = tool_path_start[trie_index * n_tools + tool]
-        if depth < tool_path_start[trie_index * n_tools + tool + 1] - start and tool_path_edges[start + depth] == edge:
-            count -= 1
-    return count
-
-
-@_jit
 def terminal_unused(table: Any, row: int, tool: int) -> bool:
     if tool < 0:
         return False
@@ -147,13 +133,19 @@ def best_move(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id:
     best_value, best_token, best_kind, best_edge = -np.inf, -1, -1, -1
     for i in range(lane, n_own + n_hop, stride):
         if i < n_own:
-            edge, kind = own_first + i, MOVE_EDGE
-            count = open_count(edge, own_trie, depth, table, row, -1, n_tools, edge_tool_count, tool_path_start,
-                               tool_path_edges)
+            edge, kind, trie_index, at_depth, extra_tool = own_first + i, MOVE_EDGE, own_trie, depth, -1
         else:
-            edge, kind = hop_first + i - n_own, MOVE_HOP
-            count = open_count(edge, hop_trie, 0, table, row, tool, n_tools, edge_tool_count, tool_path_start,
-                               tool_path_edges)
+            edge, kind, trie_index, at_depth, extra_tool = hop_first + i - n_own, MOVE_HOP, hop_trie, 0, tool
+        # The count of unused tools below the edge: its compiled count minus the used tools (and, for a hop,
+        # this terminal's tool) whose path crosses it; a used tool crosses at most this one edge of the node,
+        # the one at this depth of its path. Written out here: as a function call per edge it cost 5x the step.
+        count = edge_tool_count[edge]
+        for j in range(emitted + (1 if extra_tool >= 0 else 0)):
+            used = table[row, USED + j] if j < emitted else extra_tool
+            start = tool_path_start[trie_index * n_tools + used]
+            if (at_depth < tool_path_start[trie_index * n_tools + used + 1] - start
+                    and tool_path_edges[start + at_depth] == edge):
+                count -= 1
         token = edge_token[edge]
         col = full_to_output[token]
         if count > 0 and col >= 0:
@@ -226,3 +218,24 @@ def take_plain(row: int, token: int, eos_id: int, reasoning_end_id: int, table: 
 @_jit
 def is_plain(table: Any, row: int) -> bool:
     return table[row, CONSTRAINED] == 0 or table[row, THINKING] != 0
+
+
+@_entry
+def step_rows(node_edge_start: Any, edge_token: Any, edge_child: Any, edge_tool_count: Any, node_tool: Any,
+               trie_root: Any, phase_trie: Any, tool_path_start: Any, tool_path_edges: Any, n_tools: int,
+               eos_id: int, reasoning_end_id: int, table: Any, scores: Any, hidden: Any, n_cols: int,
+               full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
+    """The CPU backend's batch loop: each running row takes its best move (or plain argmax), one at a time."""
+    trie = (node_edge_start, edge_token, edge_child, edge_tool_count, node_tool, trie_root, phase_trie,
+            tool_path_start, tool_path_edges)
+    for row in range(table.shape[0]):
+        chosen[row] = -1
+        if table[row, STATUS] != RUNNING:
+            continue
+        if is_plain(table, row):
+            _, token = best_plain(row, 0, 1, n_cols, scores, hidden, output_to_full,
+                                  plain_excluded(table, row, eos_id))
+            take_plain(row, token, eos_id, reasoning_end_id, table, chosen)
+            continue
+        _, token, kind, edge = best_move(row, 0, 1, trie, n_tools, eos_id, table, scores, hidden, full_to_output)
+        take_move(row, token, kind, edge, trie, table, chosen)
