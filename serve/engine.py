@@ -263,6 +263,19 @@ class Engine:
                       latency_ms=(time.perf_counter() - row.started) * 1e3)
 
 
+def response(answer: Answer, artifact: Artifact) -> dict[str, Any]:
+    """The discovery endpoint's JSON object for an answer (also what ``tooltrie ask --json`` prints)."""
+    return {
+        "tools": [{"rank": t.rank, "name": t.name, "pointer": t.pointer, "score": round(t.score, 4)}
+                  for t in answer.tools],
+        "finish_reason": answer.finish_reason,
+        "registry": artifact.registry.name,
+        "usage": {"prompt_tokens": answer.prompt_tokens, "completion_tokens": len(answer.token_ids),
+                  "forward_passes": answer.forward_passes, "decision_points": answer.decision_points},
+        "latency_ms": round(answer.latency_ms, 2),
+    }
+
+
 class _Batch:
     """The active rows' key/value cache and attention mask, rows in the engine's order."""
 
@@ -324,4 +337,4 @@ def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(mask, (0, width - mask.shape[1]))
 
 
-__all__ = ["Answer", "Engine", "Request", "ToolChoice"]
+__all__ = ["Answer", "Engine", "Request", "ToolChoice", "response"]

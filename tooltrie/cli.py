@@ -37,6 +37,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     decode_cmd.add_argument("--tokenizer", default=None, help="tokenizer the artifact was compiled for")
     decode_cmd.set_defaults(run=_decode)
 
+    ask_cmd = commands.add_parser("ask", help="which tools answer this query? (default: bundled catalog, SmolLM2)")
+    ask_cmd.add_argument("query")
+    ask_cmd.add_argument("--k", type=int, default=3, help="how many tools (default 3)")
+    ask_cmd.add_argument("--registry", type=Path, default=None, help="registry file (default: the bundled catalog)")
+    ask_cmd.add_argument("--model", default=None, help="local Hugging Face causal-LM directory (default: SmolLM2)")
+    ask_cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
+    ask_cmd.add_argument("--json", action="store_true", help="print the discovery endpoint's JSON object")
+    ask_cmd.set_defaults(run=_ask)
+
     args = parser.parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.run
     try:
@@ -80,6 +89,31 @@ def _decode(args: argparse.Namespace) -> int:
     for line in decode_demo(artifact, tokenizer, k=args.k, batch=args.batch, seed=args.seed, logits=args.logits):
         print(json.dumps(line, ensure_ascii=False))
     return 0
+
+
+def _ask(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as transformers_logging
+
+    from tooltrie.compiler import TokenizerInfo, compile_cached
+    from tooltrie.registry import CATALOG_PATH, load_registry
+    from tooltrie.serve.engine import Engine, Request, response
+    from tooltrie.serve.model import load_model
+
+    transformers_logging.disable_progress_bar()  # the answer is the output; no weight-loading bars around it
+    registry = load_registry(args.registry or CATALOG_PATH)
+    model, info = load_model(args.model)
+    tokenizer = TokenizerInfo.load(args.tokenizer or info.tokenizer)
+    artifact = compile_cached(registry, tokenizer)
+    answer = Engine(model, tokenizer, artifact).run([Request(args.query, args.k)])[0]
+    body = response(answer, artifact)
+    if args.json:
+        print(json.dumps(body, ensure_ascii=False))
+    else:
+        for tool in body["tools"]:
+            print(f"{tool['rank']}. {tool['name']:<32} {tool['pointer']:<40} score {tool['score']:.3f}")
+        if answer.finish_reason != "stop":
+            print(f"(finish_reason: {answer.finish_reason})", file=sys.stderr)
+    return 0 if answer.finish_reason == "stop" else 1
 
 
 if __name__ == "__main__":

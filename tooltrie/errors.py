@@ -29,3 +29,7 @@ class ArtifactMismatchError(ArtifactError):
 
 class DecodeError(TooltrieError, ValueError):
     """A decode request is invalid before it starts (e.g. k outside 1..number of tools)."""
+
+
+class ModelError(TooltrieError, RuntimeError):
+    """A language model is missing, unreadable, or does not fit its tokenizer; the message says how to get it."""
