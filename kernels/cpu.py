@@ -43,7 +43,8 @@ def as_numpy_scores(values: Any) -> npt.NDArray[Any]:
         if values.dtype in (torch.bfloat16, torch.float16):
             values = values.float()
         values = values.detach().cpu().numpy()
-    return values.astype(np.float32) if values.dtype == np.float16 else values
+    array: npt.NDArray[Any] = values.astype(np.float32) if values.dtype == np.float16 else values
+    return array
 
 
 def _run(artifact: Artifact, state: BatchState, scores: npt.NDArray[Any], hidden: npt.NDArray[Any] | None,

@@ -35,7 +35,7 @@ def _pretend_device(compute_capability: tuple[int, int]) -> Iterator[None]:
         pass
 
     device = Device()
-    device.compute_capability = compute_capability  # type: ignore[attr-defined]
+    device.compute_capability = compute_capability
     with mock.patch.object(dispatcher, "get_current_device", lambda: device):
         yield
 

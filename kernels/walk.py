@@ -46,7 +46,7 @@ def python_twin() -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"{__name__}_python", __file__)
     assert spec is not None and spec.loader is not None  # this file exists: it is running
     twin = importlib.util.module_from_spec(spec)
-    twin._AS_PYTHON = True  # type: ignore[attr-defined]
+    twin._AS_PYTHON = True
     spec.loader.exec_module(twin)
     return twin
 

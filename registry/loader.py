@@ -96,7 +96,8 @@ def _read_native_yaml(text: str, source: str, name: str) -> tuple[list[_Record],
         loader.dispose()
     if not isinstance(data, dict):
         raise RegistryError(f"{source}: expected a mapping with a 'tools' list at the top level, got {_kind(data)}")
-    _refuse_duplicate_keys(root, source)
+    if root is not None:
+        _refuse_duplicate_keys(root, source)
     unknown = sorted(set(map(str, data)) - _NATIVE_TOP_KEYS)
     if unknown:
         raise RegistryError(

@@ -13,6 +13,8 @@ answer is complete only the stop token is left (``generate`` pads finished rows 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from transformers import LogitsProcessor
 
@@ -21,7 +23,7 @@ from tooltrie.errors import DecodeError
 from tooltrie.kernels.matcher import TrieMatcher
 
 
-class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  (transformers ships no type hints for it)
+class TrieLogitsProcessor(LogitsProcessor):
     """Constrain ``generate`` to answers of exactly ``k`` distinct registry tools."""
 
     def __init__(self, artifact: Artifact, k: int, *, reasoning_end_id: int | None = None) -> None:
@@ -48,7 +50,7 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc]  (transformers
                 raise DecodeError(f"row {row}: no legal token after {matcher.tool_names()}")
             else:
                 allowed[row, legal] = True
-        return scores.masked_fill(~allowed, float("-inf"))
+        return cast(torch.FloatTensor, scores.masked_fill(~allowed, float("-inf")))
 
     def tools(self) -> list[list[str]]:
         """The tools each row's answer named so far."""

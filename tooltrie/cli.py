@@ -99,7 +99,8 @@ def _ask(args: argparse.Namespace) -> int:
     from tooltrie.serve.engine import Engine, Request, response
     from tooltrie.serve.model import load_model
 
-    transformers_logging.disable_progress_bar()  # the answer is the output; no weight-loading bars around it
+    # The answer is the output: no weight-loading progress bars around it.
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     registry = load_registry(args.registry or CATALOG_PATH)
     model, info = load_model(args.model)
     tokenizer = TokenizerInfo.load(args.tokenizer or info.tokenizer)
