@@ -28,6 +28,7 @@ import torch
 
 from tooltrie.compiler.artifact import Artifact
 from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR, TokenizerInfo
+from tooltrie.errors import DecodeError
 from tooltrie.kernels.rules import Move, Slot, advance, legal_moves
 from tooltrie.kernels.state import check_k
 
@@ -44,7 +45,8 @@ class Request:
     query: str
     k: int
     constrained: bool = True
-    max_new_tokens: int = 64
+    max_new_tokens: int = 64  # for unconstrained requests, and for a reasoning model's thinking
+    reasoning: bool = False  # let a reasoning model think first: the constraint starts after its end marker
 
 
 @dataclass
@@ -83,6 +85,7 @@ class _Row:
     scores: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # tool index -> (logprob, margin)
     finish_reason: str | None = None
     hidden: torch.Tensor | None = None  # the last hidden state, fresh after each forward pass
+    thinking: bool = False  # still before the reasoning-end marker
 
 
 class Engine:
@@ -95,6 +98,7 @@ class Engine:
     def __init__(self, model: Any, tokenizer: TokenizerInfo, artifact: Artifact, *, max_batch: int = 16,
                  chat_template: str | Path | None = None, system_prompt: str | None = None) -> None:
         artifact.check_compatible(tokenizer=tokenizer, where="engine")
+        self.reasoning_end_id = tokenizer.reasoning_end_id
         self.model, self.tokenizer, self.artifact, self.max_batch = model.eval(), tokenizer, artifact, max_batch
         self.decoder = model.get_decoder()
         self.head = model.get_output_embeddings().weight.detach()
@@ -139,6 +143,9 @@ class Engine:
         for i, request in enumerate(requests):
             if request.constrained:
                 check_k(request.k, self.artifact.trie.n_tools, where=f"request {i}")
+            if request.reasoning and self.reasoning_end_id is None:
+                raise DecodeError(f"request {i}: reasoning asked for, but {self.tokenizer.source} has no "
+                                  "reasoning-end marker (</think> or the like)")
         waiting = deque(enumerate(requests))
         active: list[tuple[int, _Row]] = []
         batch = _Batch()
@@ -168,7 +175,7 @@ class Engine:
         suffix_ids = self.tokenizer.encode(request.query + suffix)
         slot = Slot.start(self.artifact.trie, request.k) if request.constrained else None
         row = _Row(request=request, slot=slot, pending=[], started=time.perf_counter(),
-                   prompt_tokens=len(prefix_ids) + len(suffix_ids))
+                   prompt_tokens=len(prefix_ids) + len(suffix_ids), thinking=request.reasoning)
         self._take_forced(row)
         cache = _copy_cache(prefix_cache)
         ids = suffix_ids + row.pending
@@ -204,6 +211,19 @@ class Engine:
             return
         hidden = row.hidden
         assert hidden is not None  # every decision follows a forward pass
+        if row.thinking:  # a reasoning model thinks freely, but may not stop before its answer
+            logits = self.head @ hidden
+            logits[self.artifact.eos_id] = float("-inf")
+            token = int(torch.argmax(logits))
+            row.thinking = token != self.reasoning_end_id
+            if len(row.token_ids) + 1 >= row.request.max_new_tokens and row.thinking:
+                row.token_ids.append(token)
+                row.pending, row.finish_reason = [], "length"
+            else:
+                row.pending = [token]
+                if not row.thinking:
+                    self._take_forced(row)
+            return
         if row.slot is None:  # no grammar: plain greedy over the full head
             token = int(torch.argmax(self.head @ hidden))
             row.pending = [token]
@@ -241,7 +261,7 @@ class Engine:
 
     def _take_forced(self, row: _Row) -> None:
         """Follow the trie while it leaves a single legal token: no model call needed for those."""
-        while row.slot is not None and row.finish_reason is None:
+        while row.slot is not None and row.finish_reason is None and not row.thinking:
             moves = legal_moves(self.artifact.trie, row.slot, self.artifact.eos_id)
             if len(moves) != 1:
                 return
@@ -257,6 +277,8 @@ class Engine:
                     rank=rank + 1, name=names[tool], pointer=self.artifact.registry.tools[tool].pointer,
                     score=sum(lp for lp, _ in decisions), margin=min((m for _, m in decisions), default=float("inf"))))
         ids = [t for t in row.token_ids if t != self.artifact.eos_id]
+        if row.request.reasoning and self.reasoning_end_id in ids:  # the answer is what follows the thinking
+            ids = ids[ids.index(self.reasoning_end_id) + 1 :]
         return Answer(tools=tools, finish_reason=row.finish_reason or "error", token_ids=row.token_ids,
                       text=self.tokenizer.decode(ids), forward_passes=row.forward_passes,
                       decision_points=row.decision_points, prompt_tokens=row.prompt_tokens,
