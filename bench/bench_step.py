@@ -9,8 +9,7 @@ advances by *our* token, so all arms take the same number of steps over the same
 - ``cpu twin, no-repeat on`` / ``cpu twin, no-repeat off``: a copy of the CPU step in this file that advances
   by the recorded move; "on" calls the library's ``best_move``, "off" a copy of it that reads the compiled edge
   counts without subtracting the used tools (and treats every terminal as unused). Same wrapper, same advance:
-  on/off - 1 is the cost of no-repeat. A third twin, "inlined", is ``best_move`` with ``open_count``'s
-  subtraction written out in the edge loop (same rules, no per-edge call): the cost of no-repeat done that way;
+  on/off - 1 is the cost of no-repeat;
 - ``tooltrie reference``: the NumPy/Python oracle (``backend="reference"``), for context;
 - ``TrieMatcher bitmask``: ``fill_next_token_bitmask`` + ``tooltrie.kernels.apply_token_bitmask_inplace``
   (NumPy) + argmax + ``accept_token``, the path for engines that want a bitmask;
@@ -78,7 +77,7 @@ from tooltrie.kernels.bitmask import allocate_token_bitmask
 from tooltrie.kernels.bitmask import apply_token_bitmask_inplace as tooltrie_apply
 from tooltrie.kernels.cpu import as_numpy_scores
 from tooltrie.kernels.rules import legal_moves
-from tooltrie.kernels.state import DEPTH, DONE, EMITTED, NODE, RUNNING, STATUS, USED, BatchState, K
+from tooltrie.kernels.state import DONE, EMITTED, NODE, RUNNING, STATUS, BatchState, K
 from tooltrie.kernels.vocab import VocabMap
 from tooltrie.kernels.walk import (
     MOVE_EDGE,
@@ -92,7 +91,6 @@ from tooltrie.kernels.walk import (
     score,
     take_move,
     take_plain,
-    terminal_unused,
 )
 from tooltrie.registry import BFCL_PATH, CATALOG_PATH, load_registry
 
@@ -105,7 +103,6 @@ TARGETS = {
 }
 ARM_CPU, ARM_ON, ARM_OFF, ARM_REF = "tooltrie cpu", "cpu twin, no-repeat on", "cpu twin, no-repeat off", \
     "tooltrie reference"
-ARM_INLINED = "cpu twin, no-repeat inlined"
 ARM_MATCHER, ARM_XGR, ARM_LLG, ARM_OC = "TrieMatcher bitmask", "xgrammar", "llguidance", "outlines-core"
 ARM_REBUILD = "xgrammar rebuild-and-retry"
 PEERS = (ARM_XGR, ARM_LLG, ARM_OC)
@@ -148,49 +145,6 @@ def best_move_no_repeat_off(row: int, lane: int, stride: int, trie: Any, n_tools
     return best_value, best_token, best_kind, best_edge
 
 
-@numba.njit(inline="always")
-def best_move_inlined(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id: int, table: Any,
-                      scores: Any, hidden: Any, full_to_output: Any) -> tuple[float, int, int, int]:
-    """``best_move`` with no-repeat on, the used-tools subtraction of ``open_count`` written out in the loop
-    (no per-edge call taking the ``trie`` tuple): what no-repeat costs when implemented this way."""
-    node_edge_start, edge_token, edge_tool_count = trie[0], trie[1], trie[3]
-    node_tool, trie_root, phase_trie, tool_path_start, tool_path_edges = trie[4], trie[5], trie[6], trie[7], trie[8]
-    k, node, depth, emitted = table[row, K], table[row, NODE], table[row, DEPTH], table[row, EMITTED]
-    tool = node_tool[node]
-    unused = terminal_unused(table, row, tool)
-    own_trie = phase_trie[phase(emitted, k)]
-    own_first, n_own = node_edge_start[node], node_edge_start[node + 1] - node_edge_start[node]
-    hop_trie, hop_first, n_hop = own_trie, 0, 0
-    if unused and emitted + 1 < k:
-        hop_trie = phase_trie[phase(emitted + 1, k)]
-        root = trie_root[hop_trie]
-        hop_first, n_hop = node_edge_start[root], node_edge_start[root + 1] - node_edge_start[root]
-    best_value, best_token, best_kind, best_edge = -np.inf, -1, -1, -1
-    for i in range(lane, n_own + n_hop, stride):
-        if i < n_own:
-            edge, kind, trie_index, at_depth, extra = own_first + i, MOVE_EDGE, own_trie, depth, -1
-        else:
-            edge, kind, trie_index, at_depth, extra = hop_first + i - n_own, MOVE_HOP, hop_trie, 0, tool
-        count = edge_tool_count[edge]
-        for j in range(emitted + (1 if extra >= 0 else 0)):
-            used = table[row, USED + j] if j < emitted else extra
-            start = tool_path_start[trie_index * n_tools + used]
-            if (at_depth < tool_path_start[trie_index * n_tools + used + 1] - start
-                    and tool_path_edges[start + at_depth] == edge):
-                count -= 1
-        token = edge_token[edge]
-        col = full_to_output[token]
-        if count > 0 and col >= 0:
-            value = score(scores, hidden, row, col)
-            if beats(value, token, best_value, best_token):
-                best_value, best_token, best_kind, best_edge = value, token, kind, edge
-    if lane == 0 and unused and emitted + 1 == k and full_to_output[eos_id] >= 0:
-        value = score(scores, hidden, row, full_to_output[eos_id])
-        if beats(value, eos_id, best_value, best_token):
-            best_value, best_token, best_kind, best_edge = value, eos_id, MOVE_STOP, -1
-    return best_value, best_token, best_kind, best_edge
-
-
 def _replay_rows(best: Any) -> Any:
     """``kernels/cpu.py``'s ``_step_rows`` with ``best`` for the move search; row 0 then advances by the given
     move (the walk's), and the searched token goes to ``picked``."""
@@ -218,8 +172,7 @@ def _replay_rows(best: Any) -> Any:
     return rows
 
 
-_ROWS_ON, _ROWS_OFF, _ROWS_INLINED = (_replay_rows(best_move), _replay_rows(best_move_no_repeat_off),
-                                      _replay_rows(best_move_inlined))
+_ROWS_ON, _ROWS_OFF = _replay_rows(best_move), _replay_rows(best_move_no_repeat_off)
 
 
 def replay_step(rows: Any, artifact: Artifact, state: BatchState, logits: Any, move: tuple[int, int, int],
@@ -677,12 +630,11 @@ def bench_config(args: argparse.Namespace, shared: Shared, registry: str, artifa
     separator = artifact.contract.separator
     print(f"\n[{registry}: {len(names):,} tools, k = {k}]", flush=True)
     walks = make_walks(artifact, k, args.walks, vocab, args.seed, config)
-    samples = {name: Samples() for name in (ARM_CPU, ARM_ON, ARM_OFF, ARM_INLINED, ARM_REF, ARM_MATCHER, *PEERS)}
+    samples = {name: Samples() for name in (ARM_CPU, ARM_ON, ARM_OFF, ARM_REF, ARM_MATCHER, *PEERS)}
     arms: dict[str, Arm] = {
         ARM_CPU: arm_cpu(artifact, k, walks, samples[ARM_CPU]),
         ARM_ON: arm_twin(_ROWS_ON, artifact, k, walks, samples[ARM_ON], must_match=True),
         ARM_OFF: arm_twin(_ROWS_OFF, artifact, k, walks, samples[ARM_OFF], must_match=False),
-        ARM_INLINED: arm_twin(_ROWS_INLINED, artifact, k, walks, samples[ARM_INLINED], must_match=True),
         ARM_REF: arm_reference(artifact, k, walks, samples[ARM_REF]),
         ARM_MATCHER: arm_matcher(artifact, k, walks, vocab, samples[ARM_MATCHER]),
     }
@@ -742,7 +694,7 @@ def bench_config(args: argparse.Namespace, shared: Shared, registry: str, artifa
         for part in ("fill", "apply_argmax", "advance", "fill_advance", "compile", "step_with_used_tools"):
             if sample.values(part):
                 record[f"{part}_us"] = stats(sample.values(part))
-        if name not in (ARM_CPU, ARM_ON, ARM_INLINED, ARM_REF) and sample.calls:
+        if name not in (ARM_CPU, ARM_ON, ARM_REF) and sample.calls:
             record["argmax_differs_steps"] = sample.argmax_differs  # in the last timed call
         minima = sample.position_minima("step")
         if minima is not None and name != ARM_REBUILD:
@@ -797,11 +749,6 @@ def ratios(arms: dict[str, Any]) -> dict[str, Any]:
     on_min, off_min = arms.get(ARM_ON, {}).get("min_of_repeats"), arms.get(ARM_OFF, {}).get("min_of_repeats")
     out["no-repeat overhead (sum of per-step minima over repeats)"] = (
         on_min["total_us"] / off_min["total_us"] - 1 if on_min and off_min else None)
-    inlined = _ratio(_median_of(arms, ARM_INLINED, "answer_us"), off_answer)
-    out["no-repeat overhead, subtraction inlined (answer)"] = None if inlined is None else inlined - 1
-    inlined_min = arms.get(ARM_INLINED, {}).get("min_of_repeats")
-    out["no-repeat overhead, subtraction inlined (sum of per-step minima)"] = (
-        inlined_min["total_us"] / off_min["total_us"] - 1 if inlined_min and off_min else None)
     out["twin on / tooltrie cpu (answer)"] = _ratio(on_answer, cpu_answer)
     for name in PEERS:
         out[f"{name} fill+advance only / tooltrie cpu (step)"] = _ratio(_median_of(arms, name, "fill_advance_us"),
@@ -970,8 +917,7 @@ def main(argv: list[str] | None = None) -> int:
                                   "(cache_enabled=False) + a new GrammarMatcher; tool boundaries known "
                                   "(a lower bound)"},
         "no_repeat_twins": "bench copies of kernels/cpu.py's row loop advancing by the walk's move; 'on' calls "
-                           "kernels/walk.py's best_move, 'off' a copy without the used-tools subtraction, "
-                           "'inlined' a copy with open_count's subtraction written out in the edge loop",
+                           "kernels/walk.py's best_move, 'off' a copy without the used-tools subtraction",
         "outlines_stop": "outlines-core's Guide has no transition on the stop token: the last step is not advanced",
         "order": "arms take turns within each repeat, the first arm rotating; one untimed warm-up call per arm",
         "targets": TARGETS,
