@@ -49,6 +49,11 @@ class TrieMatcher:
         self._history = [self._initial]
 
     @property
+    def accepted(self) -> int:
+        """How many tokens have been accepted (and not rolled back)."""
+        return len(self._history) - 1
+
+    @property
     def _state(self) -> _State:
         return self._history[-1]
 

@@ -98,6 +98,8 @@ class Engine:
     def __init__(self, model: Any, tokenizer: TokenizerInfo, artifact: Artifact, *, max_batch: int = 16,
                  chat_template: str | Path | None = None, system_prompt: str | None = None) -> None:
         artifact.check_compatible(tokenizer=tokenizer, where="engine")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.reasoning_end_id = tokenizer.reasoning_end_id
         self.model, self.tokenizer, self.artifact, self.max_batch = model.eval(), tokenizer, artifact, max_batch
         self.decoder = model.get_decoder()
@@ -108,7 +110,7 @@ class Engine:
         template = Path(chat_template or DEFAULT_CHAT_TEMPLATE).read_text(encoding="utf-8")
         self._system = system_prompt if system_prompt is not None else SYSTEM_PROMPT
         self._template = template
-        self._prefix: dict[int, tuple[list[int], Any, str]] = {}  # k -> (ids, key/value cache, suffix text)
+        self._prefix: dict[int, tuple[str, list[int], Any, str]] = {}  # k -> (text, ids, key/value cache, suffix)
 
     # -- prompt and prefix cache ------------------------------------------------------------------------------
 
@@ -124,13 +126,13 @@ class Engine:
         prefix, suffix = text.split(_QUERY_MARK)
         return prefix, suffix
 
-    def _prefix_cache(self, k: int) -> tuple[list[int], Any, str]:
+    def _prefix_cache(self, k: int) -> tuple[str, list[int], Any, str]:
         if k not in self._prefix:
             prefix_text, suffix = self.prompt_parts(k)
             ids = self.tokenizer.encode(prefix_text)
             with torch.inference_mode():
                 out = self.decoder(input_ids=torch.tensor([ids]), use_cache=True)
-            self._prefix[k] = (ids, out.past_key_values, suffix)
+            self._prefix[k] = (prefix_text, ids, out.past_key_values, suffix)
         return self._prefix[k]
 
     # -- the loop ---------------------------------------------------------------------------------------------
@@ -155,9 +157,12 @@ class Engine:
                 while waiting and len(active) < self.max_batch:
                     index, request = waiting.popleft()
                     row, cache, mask = self._prefill(request)
+                    if cache is None:
+                        answers[index] = self._finish(row)
+                        continue
                     batch.join(cache, mask)
                     active.append((index, row))
-                    self._decide(row, batch, len(active) - 1)
+                    self._decide(row)
                 done = [i for i, (_, row) in enumerate(active) if row.finish_reason is not None]
                 for i in done:
                     answers[active[i][0]] = self._finish(active[i][1])
@@ -166,25 +171,33 @@ class Engine:
                     active = [entry for i, entry in enumerate(active) if i not in done]
                 if active:
                     self._forward(active, batch)
-                    for position, (_, row) in enumerate(active):
-                        self._decide(row, batch, position)
+                    for _, row in active:
+                        self._decide(row)
         return [answers[i] for i in range(len(requests))]
 
     def _prefill(self, request: Request) -> tuple[_Row, Any, torch.Tensor]:
-        prefix_ids, prefix_cache, suffix = self._prefix_cache(request.k if request.constrained else 1)
-        suffix_ids = self.tokenizer.encode(request.query + suffix)
+        """A request's row, its key/value cache and attention mask, after its prompt (and any forced start)."""
+        prefix_text, prefix_ids, prefix_cache, suffix = self._prefix_cache(request.k)
+        # The prompt is tokenized whole, as the model would see it; the cached prefix serves as far as the two
+        # agree (a query starting with a newline can merge with the prefix's last token).
+        prompt_ids = self.tokenizer.encode(prefix_text + request.query + suffix)
+        shared = _common_length(prefix_ids, prompt_ids)
         slot = Slot.start(self.artifact.trie, request.k) if request.constrained else None
         row = _Row(request=request, slot=slot, pending=[], started=time.perf_counter(),
-                   prompt_tokens=len(prefix_ids) + len(suffix_ids), thinking=request.reasoning)
+                   prompt_tokens=len(prompt_ids), thinking=request.reasoning)
         self._take_forced(row)
+        if row.finish_reason is not None:  # forced from start to stop: the model has nothing to decide
+            return row, None, torch.zeros((1, 0), dtype=torch.long)
         cache = _copy_cache(prefix_cache)
-        ids = suffix_ids + row.pending
+        if shared < len(prefix_ids):
+            cache.crop(shared - len(prefix_ids))  # a negative count: drop that many tokens from the end
+        ids = prompt_ids[shared:] + row.pending
         out = self.decoder(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
         row.forward_passes += 1
         row.hidden = out.last_hidden_state[0, -1]
         row.token_ids += row.pending
         row.pending = []
-        mask = torch.ones(1, len(prefix_ids) + len(ids), dtype=torch.long)
+        mask = torch.ones(1, shared + len(ids), dtype=torch.long)
         return row, cache, mask
 
     def _forward(self, active: list[tuple[int, _Row]], batch: _Batch) -> None:
@@ -205,7 +218,7 @@ class Engine:
             row.token_ids += row.pending
             row.pending = []
 
-    def _decide(self, row: _Row, batch: _Batch, position: int) -> None:
+    def _decide(self, row: _Row) -> None:
         """Choose the next token at a decision point from the row's fresh hidden state, then take the forced run."""
         if row.finish_reason is not None:
             return
@@ -245,7 +258,10 @@ class Engine:
             row.decision_points += 1
             runner_up = torch.topk(logits, 2).values[1]
             logprob = float(logits[best] - torch.logsumexp(logits, 0))
-            tool_index = row.slot.emitted + (1 if moves[tokens[best]].kind == "hop" else 0)
+            # The decision is about the tool still being spelled while it may go on or end here; only when every
+            # option starts the next tool (a choice among its first tokens) is it about that one.
+            choosing_next = all(move.kind == "hop" for move in moves.values())
+            tool_index = row.slot.emitted + (1 if choosing_next else 0)
             row.scores.setdefault(tool_index, []).append((logprob, float(logits[best] - runner_up)))
         self._take(row, moves[tokens[best]])
         self._take_forced(row)
@@ -353,6 +369,15 @@ def _concat_caches(a: Any, b: Any) -> Any:
 
 def _select_cache(cache: Any, index: torch.Tensor) -> Any:
     return _rebuild([(k[index], v[index]) for k, v in _layers(cache)])
+
+
+def _common_length(a: list[int], b: list[int]) -> int:
+    length = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        length += 1
+    return length
 
 
 def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
