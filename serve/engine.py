@@ -154,15 +154,20 @@ class Engine:
         answers: dict[int, Answer] = {}
         with torch.inference_mode():
             while waiting or active:
-                while waiting and len(active) < self.max_batch:
+                admitted: list[tuple[int, _Row, list[int], int]] = []
+                while waiting and len(active) + len(admitted) < self.max_batch:
                     index, request = waiting.popleft()
-                    row, cache, mask = self._prefill(request)
-                    if cache is None:
+                    row, ids, shared = self._admit(request)
+                    if row.finish_reason is not None:  # forced from start to stop: nothing for the model to decide
                         answers[index] = self._finish(row)
-                        continue
-                    batch.join(cache, mask)
-                    active.append((index, row))
-                    self._decide(row)
+                    else:
+                        admitted.append((index, row, ids, shared))
+                for k in sorted({row.request.k for _, row, _, _ in admitted}):
+                    group = [entry for entry in admitted if entry[1].request.k == k]
+                    batch.join(*self._prefill(group))
+                    for index, row, _, _ in group:
+                        active.append((index, row))
+                        self._decide(row)
                 done = [i for i, (_, row) in enumerate(active) if row.finish_reason is not None]
                 for i in done:
                     answers[active[i][0]] = self._finish(active[i][1])
@@ -175,30 +180,42 @@ class Engine:
                         self._decide(row)
         return [answers[i] for i in range(len(requests))]
 
-    def _prefill(self, request: Request) -> tuple[_Row, Any, torch.Tensor]:
-        """A request's row, its key/value cache and attention mask, after its prompt (and any forced start)."""
-        prefix_text, prefix_ids, prefix_cache, suffix = self._prefix_cache(request.k)
+    def _admit(self, request: Request) -> tuple[_Row, list[int], int]:
+        """A new request's row, its prompt ids, and how many of them the cached prefix covers."""
+        prefix_text, prefix_ids, _, suffix = self._prefix_cache(request.k)
         # The prompt is tokenized whole, as the model would see it; the cached prefix serves as far as the two
         # agree (a query starting with a newline can merge with the prefix's last token).
         prompt_ids = self.tokenizer.encode(prefix_text + request.query + suffix)
-        shared = _common_length(prefix_ids, prompt_ids)
         slot = Slot.start(self.artifact.trie, request.k) if request.constrained else None
         row = _Row(request=request, slot=slot, pending=[], started=time.perf_counter(),
                    prompt_tokens=len(prompt_ids), thinking=request.reasoning)
         self._take_forced(row)
-        if row.finish_reason is not None:  # forced from start to stop: the model has nothing to decide
-            return row, None, torch.zeros((1, 0), dtype=torch.long)
-        cache = _copy_cache(prefix_cache)
-        if shared < len(prefix_ids):
-            cache.crop(shared - len(prefix_ids))  # a negative count: drop that many tokens from the end
-        ids = prompt_ids[shared:] + row.pending
-        out = self.decoder(input_ids=torch.tensor([ids]), past_key_values=cache, use_cache=True)
-        row.forward_passes += 1
-        row.hidden = out.last_hidden_state[0, -1]
-        row.token_ids += row.pending
-        row.pending = []
-        mask = torch.ones(1, shared + len(ids), dtype=torch.long)
-        return row, cache, mask
+        return row, prompt_ids, _common_length(prefix_ids, prompt_ids)
+
+    def _prefill(self, group: list[tuple[int, _Row, list[int], int]]) -> tuple[Any, torch.Tensor]:
+        """One forward pass over the prompts (after the cached prefix) and forced starts of requests sharing a k;
+        returns their key/value cache and attention mask, rows in the group's order."""
+        prefix_cache = self._prefix_cache(group[0][1].request.k)[2]
+        shared = min(entry[3] for entry in group)
+        feeds = [ids[shared:] + row.pending for _, row, ids, _ in group]
+        width = max(len(feed) for feed in feeds)
+        input_ids = torch.full((len(group), width), self.artifact.eos_id, dtype=torch.long)
+        mask = torch.zeros((len(group), shared + width), dtype=torch.long)
+        mask[:, :shared] = 1
+        for i, feed in enumerate(feeds):
+            input_ids[i, : len(feed)] = torch.tensor(feed)
+            mask[i, shared : shared + len(feed)] = 1
+        cache = _rebuild([(k[:, :, :shared].expand(len(group), -1, -1, -1).contiguous(),
+                           v[:, :, :shared].expand(len(group), -1, -1, -1).contiguous())
+                          for k, v in _layers(prefix_cache)])
+        out = self.decoder(input_ids=input_ids, attention_mask=mask, position_ids=shared + torch.arange(width)[None],
+                           past_key_values=cache, use_cache=True)
+        for i, (feed, (_, row, _, _)) in enumerate(zip(feeds, group, strict=True)):
+            row.hidden = out.last_hidden_state[i, len(feed) - 1]
+            row.forward_passes += 1
+            row.token_ids += row.pending
+            row.pending = []
+        return cache, mask
 
     def _forward(self, active: list[tuple[int, _Row]], batch: _Batch) -> None:
         """One pass over every row's pending tokens (right-padded; padding stays masked out forever)."""
@@ -349,11 +366,9 @@ def _rebuild(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
     return DynamicCache(pairs)
 
 
-def _copy_cache(cache: Any) -> Any:
-    return _rebuild([(k.clone(), v.clone()) for k, v in _layers(cache)])
-
-
 def _pad_cache(cache: Any, width: int) -> Any:
+    if all(keys.shape[2] == width for keys, _ in _layers(cache)):
+        return cache
     pairs = []
     for keys, values in _layers(cache):
         missing = width - keys.shape[2]
@@ -381,7 +396,7 @@ def _common_length(a: list[int], b: list[int]) -> int:
 
 
 def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
-    return torch.nn.functional.pad(mask, (0, width - mask.shape[1]))
+    return mask if mask.shape[1] == width else torch.nn.functional.pad(mask, (0, width - mask.shape[1]))
 
 
 __all__ = ["Answer", "Engine", "Request", "ToolChoice", "response"]
