@@ -249,6 +249,7 @@ def write_results(name: str, *, settings: Mapping[str, Any], results: Any, out: 
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; results are for everyone to read
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
