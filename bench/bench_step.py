@@ -260,7 +260,8 @@ US = 1e6
 clock = time.perf_counter
 
 
-def arm_cpu(artifact: Artifact, k: int, walks: list[Walk], out: Samples) -> Arm:
+def arm_backend(backend: str, artifact: Artifact, k: int, walks: list[Walk], out: Samples) -> Arm:
+    """A tooltrie backend (``cpu`` or ``reference``) stepping through the walks."""
     def run() -> None:
         call = out.new_call()
         steps, answers = call.setdefault("step", []), call.setdefault("answer", [])
@@ -269,26 +270,7 @@ def arm_cpu(artifact: Artifact, k: int, walks: list[Walk], out: Samples) -> Arm:
             total = 0.0
             for logits, expected in zip(walk.logits, walk.tokens, strict=True):
                 began = clock()
-                token = tooltrie_step(artifact, state, logits, backend="cpu")[0]
-                spent = clock() - began
-                steps.append(spent * US)
-                total += spent
-                if token != expected:
-                    raise StopArm(f"picked {token}, the walk has {expected}")
-            answers.append(total * US)
-    return run
-
-
-def arm_reference(artifact: Artifact, k: int, walks: list[Walk], out: Samples) -> Arm:
-    def run() -> None:
-        call = out.new_call()
-        steps, answers = call.setdefault("step", []), call.setdefault("answer", [])
-        for walk in walks:
-            state = BatchState.start(artifact, [k])
-            total = 0.0
-            for logits, expected in zip(walk.logits, walk.tokens, strict=True):
-                began = clock()
-                token = tooltrie_step(artifact, state, logits, backend="reference")[0]
+                token = tooltrie_step(artifact, state, logits, backend=backend)[0]
                 spent = clock() - began
                 steps.append(spent * US)
                 total += spent
@@ -632,10 +614,10 @@ def bench_config(args: argparse.Namespace, shared: Shared, registry: str, artifa
     walks = make_walks(artifact, k, args.walks, vocab, args.seed, config)
     samples = {name: Samples() for name in (ARM_CPU, ARM_ON, ARM_OFF, ARM_REF, ARM_MATCHER, *PEERS)}
     arms: dict[str, Arm] = {
-        ARM_CPU: arm_cpu(artifact, k, walks, samples[ARM_CPU]),
+        ARM_CPU: arm_backend("cpu", artifact, k, walks, samples[ARM_CPU]),
         ARM_ON: arm_twin(_ROWS_ON, artifact, k, walks, samples[ARM_ON], must_match=True),
         ARM_OFF: arm_twin(_ROWS_OFF, artifact, k, walks, samples[ARM_OFF], must_match=False),
-        ARM_REF: arm_reference(artifact, k, walks, samples[ARM_REF]),
+        ARM_REF: arm_backend("reference", artifact, k, walks, samples[ARM_REF]),
         ARM_MATCHER: arm_matcher(artifact, k, walks, vocab, samples[ARM_MATCHER]),
     }
     ebnf = exactly_k_ebnf(names, k, artifact.contract)

@@ -5,6 +5,7 @@ Everything here comes from the repository itself (the bundled tokenizers and reg
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -73,3 +74,14 @@ def catalog_artifact(compiled: Callable[[str, str], Artifact]) -> Artifact:
 def saved_catalog_artifact(catalog_artifact: Artifact, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The catalog artifact (smollm2) saved once; tests must copy it before modifying it."""
     return catalog_artifact.save(tmp_path_factory.mktemp("artifact") / "catalog.trie.safetensors")
+
+
+def _no_network(*args: object, **kwargs: object) -> None:
+    raise AssertionError("tried to open a network connection")
+
+
+@pytest.fixture
+def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail any socket connection: what loads a model must never reach a hub."""
+    monkeypatch.setattr(socket.socket, "connect", _no_network)
+    monkeypatch.setattr(socket.socket, "connect_ex", _no_network)

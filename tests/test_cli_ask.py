@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,14 +26,7 @@ QUERY = "What's the weather like in Paris tomorrow?"
 Ask = Callable[..., tuple[int, str, str]]
 
 
-def _no_network(*args: Any, **kwargs: Any) -> None:
-    raise AssertionError("tried to open a network connection")
-
-
-@pytest.fixture(autouse=True)
-def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(socket.socket, "connect", _no_network)
-    monkeypatch.setattr(socket.socket, "connect_ex", _no_network)
+pytestmark = pytest.mark.usefixtures("no_network")  # from conftest.py
 
 
 @pytest.fixture(scope="module")
