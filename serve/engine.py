@@ -21,21 +21,16 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from tooltrie.compiler.artifact import Artifact
-from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR, TokenizerInfo
+from tooltrie.compiler.tokenizer_info import TokenizerInfo
 from tooltrie.errors import DecodeError
 from tooltrie.kernels.rules import Move, Slot, advance, legal_moves
 from tooltrie.kernels.state import check_k
-
-DEFAULT_CHAT_TEMPLATE = BUNDLED_TOKENIZERS_DIR / "smollm2-135m" / "chat_template.jinja"
-SYSTEM_PROMPT = ("You choose the tools that answer the user's request. Reply with the names of the {k} best tools, "
-                 "most relevant first, separated by \"{separator}\".\nTools:\n{catalog}")
-_QUERY_MARK = "\x00QUERY\x00"
+from tooltrie.serve.prompt import Prompt
 
 
 @dataclass(frozen=True)
@@ -96,7 +91,7 @@ class Engine:
     """
 
     def __init__(self, model: Any, tokenizer: TokenizerInfo, artifact: Artifact, *, max_batch: int = 16,
-                 chat_template: str | Path | None = None, system_prompt: str | None = None) -> None:
+                 prompt: Prompt | None = None) -> None:
         artifact.check_compatible(tokenizer=tokenizer, where="engine")
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -107,24 +102,18 @@ class Engine:
         if self.head.shape[0] <= artifact.max_token_id:
             raise ValueError(f"the model's head has {self.head.shape[0]} rows; the grammar needs token "
                              f"{artifact.max_token_id}")
-        template = Path(chat_template or DEFAULT_CHAT_TEMPLATE).read_text(encoding="utf-8")
-        self._system = system_prompt if system_prompt is not None else SYSTEM_PROMPT
-        self._template = template
+        self.prompt = prompt or Prompt()
         self._prefix: dict[int, tuple[str, list[int], Any, str]] = {}  # k -> (text, ids, key/value cache, suffix)
+        self._waiting: deque[tuple[int, Request]] = deque()
+        self._active: list[tuple[int, _Row]] = []  # (ticket, row), rows in the batch's order
+        self._batch = _Batch()
+        self._next_ticket = 0
 
     # -- prompt and prefix cache ------------------------------------------------------------------------------
 
     def prompt_parts(self, k: int) -> tuple[str, str]:
-        """The prompt around the query: (shared prefix, suffix template with ``{query}``)."""
-        import jinja2
-
-        catalog = "\n".join(f"{t.name}: {t.description}" for t in self.artifact.registry.tools)
-        system = self._system.format(k=k, separator=self.artifact.contract.separator, catalog=catalog)
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": _QUERY_MARK}]
-        text = jinja2.Environment(autoescape=False).from_string(self._template).render(
-            messages=messages, add_generation_prompt=True)
-        prefix, suffix = text.split(_QUERY_MARK)
-        return prefix, suffix
+        """The prompt around the query: (shared prefix, suffix)."""
+        return self.prompt.parts(self.artifact.registry, self.artifact.contract, k)
 
     def _prefix_cache(self, k: int) -> tuple[str, list[int], Any, str]:
         if k not in self._prefix:
@@ -141,44 +130,97 @@ class Engine:
         return self.run([Request(query, k)])[0]
 
     def run(self, requests: Sequence[Request]) -> list[Answer]:
-        """Answer every request, up to ``max_batch`` at a time; answers come back in request order."""
+        """Answer every request, up to ``max_batch`` at a time; answers come back in request order. Every request
+        is checked before any is started."""
         for i, request in enumerate(requests):
-            if request.constrained:
-                check_k(request.k, self.artifact.trie.n_tools, where=f"request {i}")
-            if request.reasoning and self.reasoning_end_id is None:
-                raise DecodeError(f"request {i}: reasoning asked for, but {self.tokenizer.source} has no "
-                                  "reasoning-end marker (</think> or the like)")
-        waiting = deque(enumerate(requests))
-        active: list[tuple[int, _Row]] = []
-        batch = _Batch()
+            self._check(request, where=f"request {i}")
+        tickets = [self.submit(request) for request in requests]
         answers: dict[int, Answer] = {}
+        while self.busy:
+            answers.update(self.step())
+        return [answers[ticket] for ticket in tickets]
+
+    # -- continuous batching: submit, step, cancel (one thread drives an engine) ---------------------------------
+
+    def submit(self, request: Request) -> int:
+        """Queue a request; it joins the running batch at a later ``step``. Returns its ticket."""
+        self._check(request, where="request")
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        self._waiting.append((ticket, request))
+        return ticket
+
+    def cancel(self, ticket: int) -> bool:
+        """Drop a request (e.g. its client left): it leaves the queue, or its slot is freed at the next step."""
+        for entry in self._waiting:
+            if entry[0] == ticket:
+                self._waiting.remove(entry)
+                return True
+        for index, row in self._active:
+            if index == ticket and row.finish_reason is None:
+                row.finish_reason = "cancelled"
+                return True
+        return False
+
+    @property
+    def busy(self) -> bool:
+        """Requests are waiting or being decoded."""
+        return bool(self._waiting or self._active)
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """(active rows, waiting requests)."""
+        return len(self._active), len(self._waiting)
+
+    def step(self) -> dict[int, Answer]:
+        """Admit waiting requests into free slots, run one forward pass over the batch, and return the answers
+        that finished (by ticket). A request whose decoding fails ends with ``finish_reason="error"`` without
+        touching its neighbours."""
+        finished: dict[int, Answer] = {}
         with torch.inference_mode():
-            while waiting or active:
-                admitted: list[tuple[int, _Row, list[int], int]] = []
-                while waiting and len(active) + len(admitted) < self.max_batch:
-                    index, request = waiting.popleft()
-                    row, ids, shared = self._admit(request)
-                    if row.finish_reason is not None:  # forced from start to stop: nothing for the model to decide
-                        answers[index] = self._finish(row)
-                    else:
-                        admitted.append((index, row, ids, shared))
-                for k in sorted({row.request.k for _, row, _, _ in admitted}):
-                    group = [entry for entry in admitted if entry[1].request.k == k]
-                    batch.join(*self._prefill(group))
-                    for index, row, _, _ in group:
-                        active.append((index, row))
-                        self._decide(row)
-                done = [i for i, (_, row) in enumerate(active) if row.finish_reason is not None]
-                for i in done:
-                    answers[active[i][0]] = self._finish(active[i][1])
-                if done:
-                    batch.keep([i for i in range(len(active)) if i not in done])
-                    active = [entry for i, entry in enumerate(active) if i not in done]
-                if active:
-                    self._forward(active, batch)
-                    for _, row in active:
-                        self._decide(row)
-        return [answers[i] for i in range(len(requests))]
+            self._admit_waiting(finished)
+            self._evict(finished)
+            if self._active:
+                self._forward(self._active, self._batch)
+                for _, row in self._active:
+                    self._decide(row)
+                self._evict(finished)
+        return finished
+
+    def _check(self, request: Request, *, where: str) -> None:
+        if request.constrained:
+            check_k(request.k, self.artifact.trie.n_tools, where=where)
+        if request.reasoning and self.reasoning_end_id is None:
+            raise DecodeError(f"{where}: reasoning asked for, but {self.tokenizer.source} has no "
+                              "reasoning-end marker (</think> or the like)")
+
+    def _admit_waiting(self, finished: dict[int, Answer]) -> None:
+        admitted: list[tuple[int, _Row, list[int], int]] = []
+        while self._waiting and len(self._active) + len(admitted) < self.max_batch:
+            ticket, request = self._waiting.popleft()
+            row, ids, shared = self._admit(request)
+            if row.finish_reason is not None:  # forced from start to stop: nothing for the model to decide
+                finished[ticket] = self._finish(row)
+            else:
+                admitted.append((ticket, row, ids, shared))
+        for k in sorted({row.request.k for _, row, _, _ in admitted}):
+            group = [entry for entry in admitted if entry[1].request.k == k]
+            self._batch.join(*self._prefill(group))
+            for ticket, row, _, _ in group:
+                self._active.append((ticket, row))
+                self._decide(row)
+
+    def _evict(self, finished: dict[int, Answer]) -> None:
+        """Finished rows leave the batch; their answers are handed out (a cancelled one is dropped)."""
+        done = {i for i, (_, row) in enumerate(self._active) if row.finish_reason is not None}
+        if not done:
+            return
+        for i in sorted(done):
+            ticket, row = self._active[i]
+            if row.finish_reason != "cancelled":
+                finished[ticket] = self._finish(row)
+        self._batch.keep([i for i in range(len(self._active)) if i not in done])
+        self._active = [entry for i, entry in enumerate(self._active) if i not in done]
 
     def _admit(self, request: Request) -> tuple[_Row, list[int], int]:
         """A new request's row, its prompt ids, and how many of them the cached prefix covers."""
