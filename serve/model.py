@@ -88,6 +88,7 @@ class ModelInfo:
     fingerprint: str  # ``model_fingerprint(model)``
     load_seconds: float  # including the conversion when source == "converted"
     gguf: Path | None = None  # the GGUF the default was (or would be) converted from
+    prompt_style: str = "catalog"  # the ``serve.prompt`` style the model expects (a fine-tuned one: "short")
 
 
 def default_model_cache_dir() -> Path:

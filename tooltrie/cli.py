@@ -98,6 +98,7 @@ def _ask(args: argparse.Namespace) -> int:
     from tooltrie.registry import CATALOG_PATH, load_registry
     from tooltrie.serve.engine import Engine, Request, response
     from tooltrie.serve.model import load_model
+    from tooltrie.serve.prompt import Prompt
 
     # The answer is the output: no weight-loading progress bars around it.
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
@@ -105,7 +106,8 @@ def _ask(args: argparse.Namespace) -> int:
     model, info = load_model(args.model)
     tokenizer = TokenizerInfo.load(args.tokenizer or info.tokenizer)
     artifact = compile_cached(registry, tokenizer)
-    answer = Engine(model, tokenizer, artifact).run([Request(args.query, args.k)])[0]
+    engine = Engine(model, tokenizer, artifact, prompt=Prompt.style(info.prompt_style))
+    answer = engine.run([Request(args.query, args.k)])[0]
     body = response(answer, artifact)
     if args.json:
         print(json.dumps(body, ensure_ascii=False))
