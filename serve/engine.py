@@ -30,6 +30,7 @@ from tooltrie.compiler.tokenizer_info import TokenizerInfo
 from tooltrie.errors import DecodeError
 from tooltrie.kernels.rules import Move, Slot, advance, legal_moves
 from tooltrie.kernels.state import check_k
+from tooltrie.serve.decoder import Prefix, SharedPrefixDecoder
 from tooltrie.serve.prompt import Prompt
 
 
@@ -80,6 +81,7 @@ class _Row:
     scores: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # tool index -> (logprob, margin)
     finish_reason: str | None = None
     hidden: torch.Tensor | None = None  # the last hidden state, fresh after each forward pass
+    cache_slot: int = -1  # the row's place in the decoder's key/value cache while it is in the batch
     thinking: bool = False  # still before the reasoning-end marker
 
 
@@ -97,16 +99,17 @@ class Engine:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.reasoning_end_id = tokenizer.reasoning_end_id
         self.model, self.tokenizer, self.artifact, self.max_batch = model.eval(), tokenizer, artifact, max_batch
-        self.decoder = model.get_decoder()
+        self.decoder = SharedPrefixDecoder(model, max_batch)
         self.head = model.get_output_embeddings().weight.detach()
         if self.head.shape[0] <= artifact.max_token_id:
             raise ValueError(f"the model's head has {self.head.shape[0]} rows; the grammar needs token "
                              f"{artifact.max_token_id}")
         self.prompt = prompt or Prompt()
-        self._prefix: dict[int, tuple[str, list[int], Any, str]] = {}  # k -> (text, ids, key/value cache, suffix)
+        self._prompts: dict[int, tuple[str, str]] = {}  # k -> (prefix text, suffix)
+        self._prefixes: dict[str, Prefix] = {}  # prefix text -> its keys and values, computed once
         self._waiting: deque[tuple[int, Request]] = deque()
-        self._active: list[tuple[int, _Row]] = []  # (ticket, row), rows in the batch's order
-        self._batch = _Batch()
+        self._active: list[tuple[int, _Row]] = []  # (ticket, row)
+        self._free_slots = list(range(max_batch - 1, -1, -1))
         self._next_ticket = 0
 
     # -- prompt and prefix cache ------------------------------------------------------------------------------
@@ -115,14 +118,15 @@ class Engine:
         """The prompt around the query: (shared prefix, suffix)."""
         return self.prompt.parts(self.artifact.registry, self.artifact.contract, k)
 
-    def _prefix_cache(self, k: int) -> tuple[str, list[int], Any, str]:
-        if k not in self._prefix:
-            prefix_text, suffix = self.prompt_parts(k)
-            ids = self.tokenizer.encode(prefix_text)
+    def _prefix(self, k: int) -> tuple[str, Prefix, str]:
+        """(prefix text, its cached keys and values, suffix) for answers of ``k`` tools."""
+        if k not in self._prompts:
+            self._prompts[k] = self.prompt_parts(k)
+        text, suffix = self._prompts[k]
+        if text not in self._prefixes:
             with torch.inference_mode():
-                out = self.decoder(input_ids=torch.tensor([ids]), use_cache=True)
-            self._prefix[k] = (prefix_text, ids, out.past_key_values, suffix)
-        return self._prefix[k]
+                self._prefixes[text] = self.decoder.prefix(self.tokenizer.encode(text))
+        return text, self._prefixes[text], suffix
 
     # -- the loop ---------------------------------------------------------------------------------------------
 
@@ -181,7 +185,7 @@ class Engine:
             self._admit_waiting(finished)
             self._evict(finished)
             if self._active:
-                self._forward(self._active, self._batch)
+                self._forward([row for _, row in self._active])
                 for _, row in self._active:
                     self._decide(row)
                 self._evict(finished)
@@ -195,84 +199,60 @@ class Engine:
                               "reasoning-end marker (</think> or the like)")
 
     def _admit_waiting(self, finished: dict[int, Answer]) -> None:
-        admitted: list[tuple[int, _Row, list[int], int]] = []
+        admitted: list[tuple[int, _Row, list[int]]] = []
         while self._waiting and len(self._active) + len(admitted) < self.max_batch:
             ticket, request = self._waiting.popleft()
-            row, ids, shared = self._admit(request)
+            row, feed = self._admit(request)
             if row.finish_reason is not None:  # forced from start to stop: nothing for the model to decide
                 finished[ticket] = self._finish(row)
             else:
-                admitted.append((ticket, row, ids, shared))
-        for k in sorted({row.request.k for _, row, _, _ in admitted}):
-            group = [entry for entry in admitted if entry[1].request.k == k]
-            self._batch.join(*self._prefill(group))
-            for ticket, row, _, _ in group:
+                admitted.append((ticket, row, feed))
+        if admitted:  # one pass over the new rows' prompts (after the cached prefix) and forced starts
+            self._run([row for _, row, _ in admitted], [feed for _, _, feed in admitted])
+            for ticket, row, _ in admitted:
                 self._active.append((ticket, row))
                 self._decide(row)
 
     def _evict(self, finished: dict[int, Answer]) -> None:
-        """Finished rows leave the batch; their answers are handed out (a cancelled one is dropped)."""
-        done = {i for i, (_, row) in enumerate(self._active) if row.finish_reason is not None}
-        if not done:
-            return
-        for i in sorted(done):
-            ticket, row = self._active[i]
+        """Finished rows leave the batch and free their cache slot; their answers are handed out (a cancelled
+        one is dropped)."""
+        still = []
+        for ticket, row in self._active:
+            if row.finish_reason is None:
+                still.append((ticket, row))
+                continue
+            self.decoder.release(row.cache_slot)
+            self._free_slots.append(row.cache_slot)
             if row.finish_reason != "cancelled":
                 finished[ticket] = self._finish(row)
-        self._batch.keep([i for i in range(len(self._active)) if i not in done])
-        self._active = [entry for i, entry in enumerate(self._active) if i not in done]
+        self._active = still
 
-    def _admit(self, request: Request) -> tuple[_Row, list[int], int]:
-        """A new request's row, its prompt ids, and how many of them the cached prefix covers."""
-        prefix_text, prefix_ids, _, suffix = self._prefix_cache(request.k)
+    def _admit(self, request: Request) -> tuple[_Row, list[int]]:
+        """A new request's row (holding a cache slot, on its prefix) and the tokens to feed it first."""
+        prefix_text, prefix, suffix = self._prefix(request.k)
         # The prompt is tokenized whole, as the model would see it; the cached prefix serves as far as the two
         # agree (a query starting with a newline can merge with the prefix's last token).
         prompt_ids = self.tokenizer.encode(prefix_text + request.query + suffix)
+        shared = _common_length(prefix.ids, prompt_ids)
         slot = Slot.start(self.artifact.trie, request.k) if request.constrained else None
         row = _Row(request=request, slot=slot, pending=[], started=time.perf_counter(),
                    prompt_tokens=len(prompt_ids), thinking=request.reasoning)
         self._take_forced(row)
-        return row, prompt_ids, _common_length(prefix_ids, prompt_ids)
+        if row.finish_reason is None:
+            row.cache_slot = self._free_slots.pop()
+            self.decoder.start(row.cache_slot, prefix, shared)
+        return row, prompt_ids[shared:]
 
-    def _prefill(self, group: list[tuple[int, _Row, list[int], int]]) -> tuple[Any, torch.Tensor]:
-        """One forward pass over the prompts (after the cached prefix) and forced starts of requests sharing a k;
-        returns their key/value cache and attention mask, rows in the group's order."""
-        prefix_cache = self._prefix_cache(group[0][1].request.k)[2]
-        shared = min(entry[3] for entry in group)
-        feeds = [ids[shared:] + row.pending for _, row, ids, _ in group]
-        width = max(len(feed) for feed in feeds)
-        input_ids = torch.full((len(group), width), self.artifact.eos_id, dtype=torch.long)
-        mask = torch.zeros((len(group), shared + width), dtype=torch.long)
-        mask[:, :shared] = 1
-        for i, feed in enumerate(feeds):
-            input_ids[i, : len(feed)] = torch.tensor(feed)
-            mask[i, shared : shared + len(feed)] = 1
-        cache = _rebuild([(k[:, :, :shared].expand(len(group), -1, -1, -1).contiguous(),
-                           v[:, :, :shared].expand(len(group), -1, -1, -1).contiguous())
-                          for k, v in _layers(prefix_cache)])
-        out = self.decoder(input_ids=input_ids, attention_mask=mask, position_ids=shared + torch.arange(width)[None],
-                           past_key_values=cache, use_cache=True)
-        for i, (feed, (_, row, _, _)) in enumerate(zip(feeds, group, strict=True)):
-            row.hidden = out.last_hidden_state[i, len(feed) - 1]
-            row.forward_passes += 1
-            row.token_ids += row.pending
-            row.pending = []
-        return cache, mask
+    def _forward(self, rows: list[_Row]) -> None:
+        """One pass over every active row's pending tokens."""
+        self._run(rows, [[] for _ in rows])
 
-    def _forward(self, active: list[tuple[int, _Row]], batch: _Batch) -> None:
-        """One pass over every row's pending tokens (right-padded; padding stays masked out forever)."""
-        width = max(len(row.pending) for _, row in active)
-        ids = torch.full((len(active), width), self.artifact.eos_id, dtype=torch.long)
-        new_mask = torch.zeros((len(active), width), dtype=torch.long)
-        for i, (_, row) in enumerate(active):
-            ids[i, : len(row.pending)] = torch.tensor(row.pending)
-            new_mask[i, : len(row.pending)] = 1
-        positions = batch.mask.sum(dim=1, keepdim=True) + torch.arange(width)
-        batch.mask = torch.cat([batch.mask, new_mask], dim=1)
-        out = self.decoder(input_ids=ids, attention_mask=batch.mask, position_ids=positions,
-                           past_key_values=batch.cache, use_cache=True)
-        for i, (_, row) in enumerate(active):
-            row.hidden = out.last_hidden_state[i, len(row.pending) - 1]
+    def _run(self, rows: list[_Row], prompts: list[list[int]]) -> None:
+        """Feed each row its prompt part (if any) and pending tokens, in one forward pass."""
+        feeds = [prompt + row.pending for row, prompt in zip(rows, prompts, strict=True)]
+        hidden = self.decoder.forward([row.cache_slot for row in rows], feeds)
+        for i, row in enumerate(rows):
+            row.hidden = hidden[i]
             row.forward_passes += 1
             row.token_ids += row.pending
             row.pending = []
@@ -373,72 +353,13 @@ def response(answer: Answer, artifact: Artifact) -> dict[str, Any]:
     }
 
 
-class _Batch:
-    """The active rows' key/value cache and attention mask, rows in the engine's order."""
-
-    def __init__(self) -> None:
-        self.cache: Any = None
-        self.mask = torch.zeros((0, 0), dtype=torch.long)
-
-    def join(self, cache: Any, mask: torch.Tensor) -> None:
-        if self.cache is None or self.mask.shape[0] == 0:
-            self.cache, self.mask = cache, mask
-            return
-        width = max(self.mask.shape[1], mask.shape[1])
-        self.cache = _concat_caches(_pad_cache(self.cache, width), _pad_cache(cache, width))
-        self.mask = torch.cat([_pad_mask(self.mask, width), _pad_mask(mask, width)])
-
-    def keep(self, rows: list[int]) -> None:
-        """Compact after evictions: keep these rows, in this order."""
-        if not rows:
-            self.cache, self.mask = None, torch.zeros((0, 0), dtype=torch.long)
-            return
-        index = torch.tensor(rows)
-        self.cache = _select_cache(self.cache, index)
-        self.mask = self.mask[index]
-
-
-def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def _rebuild(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-    from transformers import DynamicCache
-
-    return DynamicCache(pairs)
-
-
-def _pad_cache(cache: Any, width: int) -> Any:
-    if all(keys.shape[2] == width for keys, _ in _layers(cache)):
-        return cache
-    pairs = []
-    for keys, values in _layers(cache):
-        missing = width - keys.shape[2]
-        pairs.append((torch.nn.functional.pad(keys, (0, 0, 0, missing)),
-                      torch.nn.functional.pad(values, (0, 0, 0, missing))))
-    return _rebuild(pairs)
-
-
-def _concat_caches(a: Any, b: Any) -> Any:
-    return _rebuild([(torch.cat([ka, kb]), torch.cat([va, vb])) for (ka, va), (kb, vb) in zip(
-        _layers(a), _layers(b), strict=True)])
-
-
-def _select_cache(cache: Any, index: torch.Tensor) -> Any:
-    return _rebuild([(k[index], v[index]) for k, v in _layers(cache)])
-
-
-def _common_length(a: list[int], b: list[int]) -> int:
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
     length = 0
     for x, y in zip(a, b, strict=False):
         if x != y:
             break
         length += 1
     return length
-
-
-def _pad_mask(mask: torch.Tensor, width: int) -> torch.Tensor:
-    return mask if mask.shape[1] == width else torch.nn.functional.pad(mask, (0, width - mask.shape[1]))
 
 
 __all__ = ["Answer", "Engine", "Request", "ToolChoice", "response"]

@@ -24,8 +24,11 @@ from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR
 from tooltrie.registry.model import Registry
 
 DEFAULT_CHAT_TEMPLATE = BUNDLED_TOKENIZERS_DIR / "smollm2-135m" / "chat_template.jinja"
-TASK = ("You choose the tools that answer the user's request. Reply with the names of the {k} best tools, "
-        "most relevant first, separated by \"{separator}\".")
+TASK = ("You choose the tools that answer the user's request. Reply with the names of as many tools as the user "
+        "asks for, the most relevant first, separated by \"{separator}\".")
+# The number of tools goes in the user's turn, after the query: the system turn (with the catalog) is then the same
+# for every k, so one cached prefix serves every request.
+USER = "{query}\nNumber of tools: {k}"
 CATALOG_SYSTEM = TASK + "\nTools:\n{catalog}"
 STYLES = {"catalog": CATALOG_SYSTEM, "short": TASK}
 _QUERY_MARK = "\x00QUERY\x00"
@@ -34,9 +37,11 @@ _ANSWER_MARK = "\x00ANSWER\x00"
 
 @dataclass(frozen=True)
 class Prompt:
-    """How a query becomes the model's input. ``system`` may use ``{k}``, ``{separator}`` and ``{catalog}``."""
+    """How a query becomes the model's input. ``system`` may use ``{k}``, ``{separator}`` and ``{catalog}``;
+    ``user`` must use ``{query}`` and may use ``{k}``."""
 
     system: str = CATALOG_SYSTEM
+    user: str = USER
     chat_template: str = DEFAULT_CHAT_TEMPLATE.read_text(encoding="utf-8")
 
     @classmethod
@@ -59,9 +64,13 @@ class Prompt:
     def parts(self, registry: Registry, contract: Contract, k: int) -> tuple[str, str]:
         """The text around the query: (prefix shared by every query, suffix after it)."""
         messages = [{"role": "system", "content": self.system_text(registry, contract, k)},
-                    {"role": "user", "content": _QUERY_MARK}]
+                    {"role": "user", "content": self._user(_QUERY_MARK, k)}]
         prefix, suffix = self._template.render(messages=messages, add_generation_prompt=True).split(_QUERY_MARK)
         return prefix, suffix
+
+    def _user(self, query: str, k: int) -> str:
+        # The query is put in after formatting: braces in it are text, not fields.
+        return self.user.format(query=_QUERY_MARK, k=k).replace(_QUERY_MARK, query)
 
     def text(self, registry: Registry, contract: Contract, query: str, k: int) -> str:
         prefix, suffix = self.parts(registry, contract, k)
@@ -73,7 +82,7 @@ class Prompt:
         ``tools`` as the assistant turn closes it (then whatever the template appends, e.g. ``<|im_end|>``)."""
         k, answer = len(tools), contract.render(tools)
         messages = [{"role": "system", "content": self.system_text(registry, contract, k)},
-                    {"role": "user", "content": query},
+                    {"role": "user", "content": self._user(query, k)},
                     {"role": "assistant", "content": _ANSWER_MARK}]
         closed = self._template.render(messages=messages, add_generation_prompt=False)
         prompt = self.text(registry, contract, query, k)

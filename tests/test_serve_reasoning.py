@@ -59,7 +59,7 @@ def plain_hidden_direction(engine: Engine, query: str) -> torch.Tensor:
     prefix, suffix = engine.prompt_parts(2)
     ids = engine.tokenizer.encode(prefix) + engine.tokenizer.encode(query + suffix)
     with torch.no_grad():
-        return engine.decoder(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]
+        return engine.model.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]
 
 
 def test_thinking_without_a_marker_runs_out_of_length(thinking_tokenizer: TokenizerInfo) -> None:

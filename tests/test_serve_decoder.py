@@ -1,0 +1,75 @@
+"""The shared-prefix decoder against Hugging Face's own forward pass over each row's whole sequence.
+
+Rows start on a shared prefix (or on the first part of it), are fed one or several tokens per pass, leave and are
+replaced, and outgrow the tail cache; after every pass each row's hidden state must equal the model's last hidden
+state over that row's prefix share plus everything fed to it so far (no cache of any kind).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tooltrie.errors import ModelError
+from tooltrie.serve.decoder import SharedPrefixDecoder
+from tooltrie.serve.model import tiny_llama
+
+VOCAB = 500
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    return tiny_llama(VOCAB, seed=3)
+
+
+def full_forward(model: Any, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]  # type: ignore[no-any-return]
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), slots=st.integers(1, 4))
+def test_rows_on_shared_prefixes_match_the_full_forward_pass(model: Any, seed: int, slots: int) -> None:
+    rng = random.Random(seed)
+    decoder = SharedPrefixDecoder(model, slots, capacity=2)  # tiny: the tail cache must grow on the way
+    prefixes = [decoder.prefix([rng.randrange(VOCAB) for _ in range(rng.randint(1, 12))]) for _ in range(2)]
+    sequences: dict[int, list[int]] = {}
+
+    def start(slot: int) -> None:
+        prefix = rng.choice(prefixes)
+        used = rng.randint(1, len(prefix))  # some rows part from the prefix before it ends
+        decoder.start(slot, prefix, used)
+        sequences[slot] = list(prefix.ids[:used])
+
+    for slot in range(slots):
+        start(slot)
+    with torch.no_grad():
+        for _ in range(6):
+            active = rng.sample(range(slots), rng.randint(1, slots))
+            feeds = [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 4))] for _ in active]
+            hidden = decoder.forward(active, feeds)
+            for i, slot in enumerate(active):
+                sequences[slot] += feeds[i]
+                torch.testing.assert_close(hidden[i], full_forward(model, sequences[slot]), atol=2e-5, rtol=1e-4)
+            leaving = rng.choice(range(slots))  # a row leaves; a new one takes its slot
+            decoder.release(leaving)
+            start(leaving)
+
+
+def test_a_slot_that_was_not_started_is_refused(model: Any) -> None:
+    decoder = SharedPrefixDecoder(model, 2)
+    with pytest.raises(ValueError, match="slot 1 was not started"):
+        decoder.forward([1], [[5]])
+
+
+def test_models_other_than_llama_style_are_refused() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50))
+    with pytest.raises(ModelError, match=r"Llama-style.*'gpt2'"):
+        SharedPrefixDecoder(gpt2, 1)
