@@ -200,7 +200,7 @@ class Engine:
 
     def _admit_waiting(self, finished: dict[int, Answer]) -> None:
         admitted: list[tuple[int, _Row, list[int]]] = []
-        while self._waiting and len(self._active) + len(admitted) < self.max_batch:
+        while self._waiting and self._free_slots and len(self._active) + len(admitted) < self.max_batch:
             ticket, request = self._waiting.popleft()
             row, feed = self._admit(request)
             if row.finish_reason is not None:  # forced from start to stop: nothing for the model to decide
