@@ -114,6 +114,18 @@ class CompiledTrie:
         start = trie * self.n_tools + tool
         return self.tool_path_edges[self.tool_path_start[start] : self.tool_path_start[start + 1]]
 
+    def subset_edge_counts(self, tools: npt.NDArray[np.integer]) -> Int32Array:
+        """``edge_tool_count`` for a registry of ``tools`` only: how many of them cross each edge, in every trie.
+        (For all tools it is ``edge_tool_count`` itself.) One pass over their paths, no recompilation."""
+        tools = np.asarray(tools, dtype=np.int64)
+        path = (np.arange(self.n_tries)[:, None] * self.n_tools + tools[None, :]).reshape(-1)
+        starts, ends = self.tool_path_start[path], self.tool_path_start[path + 1]
+        lengths = ends - starts
+        # The concatenated ranges starts[i]:ends[i], without a Python loop.
+        offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        edges = self.tool_path_edges[np.repeat(starts, lengths) + offsets]
+        return np.bincount(edges, minlength=self.n_edges).astype(np.int32)
+
     def node_edges(self, node: int) -> range:
         return range(int(self.node_edge_start[node]), int(self.node_edge_start[node + 1]))
 

@@ -55,6 +55,7 @@ def _run(artifact: Artifact, state: BatchState, scores: npt.NDArray[Any], hidden
     chosen = np.empty(len(state), dtype=np.int32)
     step_rows(trie.node_edge_start, trie.edge_token, trie.edge_child, trie.edge_tool_count, trie.node_tool,
                trie.trie_root, trie.phase_trie, trie.tool_path_start, trie.tool_path_edges, trie.n_tools,
-               artifact.eos_id, -1 if reasoning_end_id is None else reasoning_end_id, state.table, scores, hidden,
+               artifact.eos_id, -1 if reasoning_end_id is None else reasoning_end_id, state.table, state.counts,
+               state.allowed, scores, hidden,
                n_cols, vocab.full_to_output, vocab.output_to_full, chosen)
     return chosen

@@ -48,8 +48,8 @@ TRIE_FIELDS = ("node_edge_start", "edge_token", "edge_child", "edge_tool_count",
 
 
 @cuda.jit(device=True)
-def _warp_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, scores: Any, hidden: Any,
-              n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
+def _warp_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any,
+              scores: Any, hidden: Any, n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
     row, lane = cuda.blockIdx.x, cuda.threadIdx.x
     if table[row, STATUS] != RUNNING:  # uniform across the block: every lane leaves together
         if lane == 0:
@@ -65,8 +65,8 @@ def _warp_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table
                                   plain_excluded(table, row, eos_id))
         kind, edge = -1, -1
     else:
-        value, token, kind, edge = best_move(row, lane, WARP, trie, n_tools, eos_id, table, scores, hidden,
-                                             full_to_output)
+        value, token, kind, edge = best_move(row, lane, WARP, trie, n_tools, eos_id, table, counts, allowed, scores,
+                                             hidden, full_to_output)
     s_value[lane], s_token[lane], s_kind[lane], s_edge[lane] = value, token, kind, edge
     cuda.syncthreads()
     width = WARP // 2
@@ -86,8 +86,8 @@ def _warp_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table
 
 
 @cuda.jit(device=True)
-def _thread_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, scores: Any, hidden: Any,
-                n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
+def _thread_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any,
+                scores: Any, hidden: Any, n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
     row = cuda.grid(1)
     if row >= table.shape[0]:
         return
@@ -98,7 +98,8 @@ def _thread_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, tab
                                   plain_excluded(table, row, eos_id))
         take_plain(row, token, eos_id, reasoning_end_id, table, chosen)
     else:
-        _, token, kind, edge = best_move(row, 0, 1, trie, n_tools, eos_id, table, scores, hidden, full_to_output)
+        _, token, kind, edge = best_move(row, 0, 1, trie, n_tools, eos_id, table, counts, allowed, scores, hidden,
+                                         full_to_output)
         take_move(row, token, kind, edge, trie, table, chosen)
 
 
@@ -111,13 +112,14 @@ def make_constant_kernel(arrays: dict[str, np.ndarray[Any, Any]], layout: str) -
     nes, et, ec, etc, nt, tr, pt, tps, tpe = (np.ascontiguousarray(arrays[name]) for name in TRIE_FIELDS)
 
     @cuda.jit
-    def constant_kernel(n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, scores: Any, hidden: Any,
-                        n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
+    def constant_kernel(n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any,
+                        scores: Any, hidden: Any, n_cols: int, full_to_output: Any, output_to_full: Any,
+                        chosen: Any) -> None:
         trie = (cuda.const.array_like(nes), cuda.const.array_like(et), cuda.const.array_like(ec),
                 cuda.const.array_like(etc), cuda.const.array_like(nt), cuda.const.array_like(tr),
                 cuda.const.array_like(pt), cuda.const.array_like(tps), cuda.const.array_like(tpe))
-        row_function(trie, n_tools, eos_id, reasoning_end_id, table, scores, hidden, n_cols, full_to_output,
-                     output_to_full, chosen)
+        row_function(trie, n_tools, eos_id, reasoning_end_id, table, counts, allowed, scores, hidden, n_cols,
+                     full_to_output, output_to_full, chosen)
 
     return constant_kernel
 
@@ -128,10 +130,11 @@ def make_global_kernel(layout: str) -> Any:
 
     @cuda.jit
     def global_kernel(nes: Any, et: Any, ec: Any, etc: Any, nt: Any, tr: Any, pt: Any, tps: Any, tpe: Any,
-                      n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, scores: Any, hidden: Any,
-                      n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
-        row_function((nes, et, ec, etc, nt, tr, pt, tps, tpe), n_tools, eos_id, reasoning_end_id, table, scores,
-                     hidden, n_cols, full_to_output, output_to_full, chosen)
+                      n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any,
+                      scores: Any, hidden: Any, n_cols: int, full_to_output: Any, output_to_full: Any,
+                      chosen: Any) -> None:
+        row_function((nes, et, ec, etc, nt, tr, pt, tps, tpe), n_tools, eos_id, reasoning_end_id, table, counts,
+                     allowed, scores, hidden, n_cols, full_to_output, output_to_full, chosen)
 
     return global_kernel
 
@@ -141,6 +144,25 @@ def _gather_rows(old_table: Any, order: Any, new_table: Any) -> None:
     row, column = cuda.grid(2)
     if row < new_table.shape[0] and column < new_table.shape[1]:
         new_table[row, column] = old_table[order[row], column]
+
+
+@cuda.jit
+def _zero_counts(counts: Any) -> None:
+    row, edge = cuda.grid(2)
+    if row < counts.shape[0] and edge < counts.shape[1]:
+        counts[row, edge] = 0
+
+
+@cuda.jit
+def _count_subset_paths(tool_path_start: Any, tool_path_edges: Any, n_tools: int, n_tries: int, allowed: Any,
+                        counts: Any) -> None:
+    """Each allowed tool adds one to every edge on its paths (one per trie): ``edge_tool_count`` of the subset."""
+    row, tool = cuda.grid(2)
+    if row < allowed.shape[0] and tool < n_tools and allowed[row, tool] != 0:
+        for trie in range(n_tries):
+            path = trie * n_tools + tool
+            for i in range(tool_path_start[path], tool_path_start[path + 1]):
+                cuda.atomic.add(counts, (row, tool_path_edges[i]), 1)
 
 
 def _cached_kernel(key: tuple[str, str, str], make: Any) -> Any:
@@ -179,23 +201,45 @@ class CudaStepper:
             self._trie_args = tuple(cuda.to_device(arrays[name]) for name in TRIE_FIELDS)
         LOG.info("tooltrie: registry %r (%d device bytes) decodes from %s memory, %s layout",
                  artifact.registry.name, artifact.trie.device_bytes, placement, layout)
+        # No rows: every slot has the whole registry (the kernel reads the compiled counts).
+        self._whole_registry = (cuda.device_array((0, 0), np.int32), cuda.device_array((0, 0), np.uint8))
+        self._paths: tuple[Any, Any] | None = None
 
-    def step(self, table: Any, logits: Any, chosen: Any, *, reasoning_end_id: int | None = None,
-             vocab: VocabMap | None = None, stream: Any = None) -> None:
+    def step(self, table: Any, logits: Any, chosen: Any, *, subsets: tuple[Any, Any] | None = None,
+             reasoning_end_id: int | None = None, vocab: VocabMap | None = None, stream: Any = None) -> None:
         """One step: ``table`` is the slot-state table on the device (advanced in place), ``logits`` ``[B, V]``,
-        ``chosen`` an int32 ``[B]`` output. Torch tensors are launched on torch's current stream."""
+        ``chosen`` an int32 ``[B]`` output; ``subsets`` (from :meth:`subsets`) limits rows to their allowed
+        tools. Torch tensors are launched on torch's current stream."""
         logits = _bf16_as_bits(logits)
-        self._launch(table, logits, None, logits.shape[0], logits.shape[1], chosen, reasoning_end_id, vocab, stream)
+        self._launch(table, subsets, logits, None, logits.shape[0], logits.shape[1], chosen, reasoning_end_id, vocab,
+                     stream)
 
     def sparse_step(self, table: Any, hidden: Any, output_embedding: Any, chosen: Any, *,
-                    reasoning_end_id: int | None = None, vocab: VocabMap | None = None, stream: Any = None) -> None:
+                    subsets: tuple[Any, Any] | None = None, reasoning_end_id: int | None = None,
+                    vocab: VocabMap | None = None, stream: Any = None) -> None:
         """One step from hidden states ``[B, H]`` and ``W [V, H]``: dot products for legal tokens only, and the
         selection, in the same launch; no ``[B, V]`` logits exist."""
-        self._launch(table, output_embedding, hidden, hidden.shape[0], output_embedding.shape[0], chosen,
+        self._launch(table, subsets, output_embedding, hidden, hidden.shape[0], output_embedding.shape[0], chosen,
                      reasoning_end_id, vocab, stream)
 
-    def _launch(self, table: Any, scores: Any, hidden: Any, n_rows: int, n_cols: int, chosen: Any,
-                reasoning_end_id: int | None, vocab: VocabMap | None, stream: Any) -> None:
+    def subsets(self, allowed: Any) -> tuple[Any, Any]:
+        """Per-row subsets on the device from a bitmap ``allowed [B, n_tools]`` (uint8, 1 = allowed): the rows'
+        edge counts are computed there, one thread per (row, tool), from the compiled tool paths."""
+        trie = self.artifact.trie
+        if self._paths is None:
+            self._paths = (cuda.to_device(trie.tool_path_start), cuda.to_device(trie.tool_path_edges))
+        allowed = cuda.to_device(np.ascontiguousarray(allowed, dtype=np.uint8)) if isinstance(
+            allowed, np.ndarray) else allowed
+        rows = allowed.shape[0]
+        counts = cuda.device_array((rows, trie.n_edges), np.int32)
+        threads = (4, 64)
+        _zero_counts[((rows + 3) // 4, (trie.n_edges + 63) // 64), threads](counts)
+        _count_subset_paths[((rows + 3) // 4, (trie.n_tools + 63) // 64), threads](
+            *self._paths, trie.n_tools, trie.n_tries, allowed, counts)
+        return counts, allowed
+
+    def _launch(self, table: Any, subsets: tuple[Any, Any] | None, scores: Any, hidden: Any, n_rows: int,
+                n_cols: int, chosen: Any, reasoning_end_id: int | None, vocab: VocabMap | None, stream: Any) -> None:
         vocab = vocab or VocabMap.identity(n_cols)
         check_step_inputs(self.artifact, table.shape[0], n_rows, n_cols, vocab)
         maps = _device_maps(vocab)
@@ -207,8 +251,10 @@ class CudaStepper:
             grid, block = (batch + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK, THREADS_PER_BLOCK
         launch = self._kernel[grid, block, stream] if stream is not None else self._kernel[grid, block]
         artifact = self.artifact
+        counts, allowed = subsets if subsets is not None else self._whole_registry
         launch(*self._trie_args, artifact.trie.n_tools, artifact.eos_id,
-               -1 if reasoning_end_id is None else reasoning_end_id, table, scores, hidden, n_cols, *maps, chosen)
+               -1 if reasoning_end_id is None else reasoning_end_id, table, counts, allowed, scores, hidden, n_cols,
+               *maps, chosen)
 
 
 def compact_on_device(table: Any, batch_mapping: Any) -> Any:

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -24,7 +24,7 @@ import numpy.typing as npt
 from tooltrie.compiler.artifact import Artifact
 from tooltrie.kernels.bitmask import set_allowed
 from tooltrie.kernels.rules import Slot, Status, advance, legal_moves
-from tooltrie.kernels.state import check_k
+from tooltrie.kernels.state import check_k, check_subset
 
 
 @dataclass(frozen=True)
@@ -40,12 +40,15 @@ class TrieMatcher:
     and the constraint starts on the token after it.
     """
 
-    def __init__(self, artifact: Artifact, k: int, *, reasoning_end_id: int | None = None) -> None:
+    def __init__(self, artifact: Artifact, k: int, *, reasoning_end_id: int | None = None,
+                 allowed: Collection[int] | None = None) -> None:
         check_k(k, artifact.trie.n_tools)
+        check_subset(artifact, allowed, k)
         self.artifact = artifact
         self.k = k
         self.reasoning_end_id = reasoning_end_id
-        self._initial = _State(Slot.start(artifact.trie, k), thinking=reasoning_end_id is not None)
+        subset = None if allowed is None else frozenset(allowed)
+        self._initial = _State(Slot.start(artifact.trie, k, subset), thinking=reasoning_end_id is not None)
         self._history = [self._initial]
 
     @property

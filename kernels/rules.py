@@ -10,6 +10,10 @@ moves are:
   phase's root, counted as if the terminal's tool were already used;
 - nothing else. With no legal move the slot is in error (fail loudly); with k <= number of tools that never
   happens, since every counted edge leads to an unused tool.
+
+A slot may be limited to a subset of the registry (``allowed``: per-request permissions): its edge counts are then
+the allowed tools crossing each edge, and a terminal counts only if its tool is allowed. A tool outside the subset
+is in effect used from the start; nothing is recompiled.
 """
 
 from __future__ import annotations
@@ -29,17 +33,19 @@ class Status(IntEnum):
 
 @dataclass(frozen=True)
 class Slot:
-    """One answer being decoded. ``used`` lists the finished tools in order."""
+    """One answer being decoded. ``used`` lists the finished tools in order; ``allowed`` (None: all) the tools
+    it may name."""
 
     k: int
     node: int
     depth: int = 0
     used: tuple[int, ...] = ()
     status: Status = Status.RUNNING
+    allowed: frozenset[int] | None = None
 
     @classmethod
-    def start(cls, trie: CompiledTrie, k: int) -> Slot:
-        return cls(k=k, node=_root(trie, 0, k))
+    def start(cls, trie: CompiledTrie, k: int, allowed: frozenset[int] | None = None) -> Slot:
+        return cls(k=k, node=_root(trie, 0, k), allowed=allowed)
 
     @property
     def emitted(self) -> int:
@@ -61,15 +67,15 @@ def legal_moves(trie: CompiledTrie, slot: Slot, eos_id: int) -> dict[int, Move]:
         return {}
     phase_trie = int(trie.phase_trie[phase_of(slot.emitted, slot.k)])
     moves = {int(trie.edge_token[e]): Move(int(trie.edge_token[e]), "edge", e)
-             for e in _open_edges(trie, phase_trie, slot.node, slot.depth, slot.used)}
+             for e in _open_edges(trie, phase_trie, slot.node, slot.depth, slot.used, slot.allowed)}
     tool = int(trie.node_tool[slot.node])
-    if tool >= 0 and tool not in slot.used:
+    if tool >= 0 and tool not in slot.used and (slot.allowed is None or tool in slot.allowed):
         if slot.emitted + 1 == slot.k:
             moves[eos_id] = Move(eos_id, "stop")
         else:
             next_trie = int(trie.phase_trie[phase_of(slot.emitted + 1, slot.k)])
             root = int(trie.trie_root[next_trie])
-            for e in _open_edges(trie, next_trie, root, 0, (*slot.used, tool)):
+            for e in _open_edges(trie, next_trie, root, 0, (*slot.used, tool), slot.allowed):
                 moves[int(trie.edge_token[e])] = Move(int(trie.edge_token[e]), "hop", e)
     return moves
 
@@ -88,9 +94,17 @@ def fail(slot: Slot) -> Slot:
     return replace(slot, status=Status.ERROR)
 
 
-def _open_edges(trie: CompiledTrie, phase_trie: int, node: int, depth: int, used: tuple[int, ...]) -> list[int]:
+def _open_edges(trie: CompiledTrie, phase_trie: int, node: int, depth: int, used: tuple[int, ...],
+                allowed: frozenset[int] | None) -> list[int]:
     edges = trie.node_edges(node)
-    counts = {e: int(trie.edge_tool_count[e]) for e in edges}
+    if allowed is None:
+        counts = {e: int(trie.edge_tool_count[e]) for e in edges}
+    else:  # count the allowed tools crossing each edge, as the compiler counts all of them
+        counts = dict.fromkeys(edges, 0)
+        for tool in allowed:
+            path = trie.tool_path(phase_trie, tool)
+            if depth < len(path) and int(path[depth]) in counts:
+                counts[int(path[depth])] += 1
     for tool in used:
         path = trie.tool_path(phase_trie, tool)
         if depth < len(path) and int(path[depth]) in counts:

@@ -2,13 +2,16 @@
 
 A slot's state is O(k), whatever the registry's size: the node and depth it is at, the tools it has finished
 (at most k), and a status. The per-edge counts of unused tools are derived from those at each step (see
-``kernels/rules.py``), so nothing proportional to the trie is copied per slot.
+``kernels/rules.py``), so nothing proportional to the trie is copied per slot, unless a slot is limited to a
+subset of the registry: then the batch carries per-row edge counts and an allowed-tool bitmap (``counts``,
+``allowed``), computed from the subset when the slot starts (no recompilation).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -45,9 +48,15 @@ __all__ = [
     "BatchState",
     "K",
     "check_k",
+    "check_subset",
 ]
 
 Column = npt.NDArray[np.int32]  # a view into the table: writes go through
+Subset = Collection[int] | None  # tool indices a slot may name; None: the whole registry
+
+
+def _no_rows(dtype: type[np.generic]) -> npt.NDArray[Any]:
+    return np.zeros((0, 0), dtype=dtype)
 
 
 @dataclass(eq=False)
@@ -56,10 +65,13 @@ class BatchState:
 
     ``used[i, :emitted[i]]`` are slot i's finished tools, in order. ``constrained[i]`` is 0 for rows without a
     grammar (plain argmax); ``thinking[i]`` is 1 while a reasoning model has not yet emitted its
-    reasoning-end marker (the constraint starts after it).
+    reasoning-end marker (the constraint starts after it). ``counts [B, E]`` and ``allowed [B, n_tools]`` hold
+    each row's subset; with no rows (the default) every slot has the whole registry.
     """
 
     table: npt.NDArray[np.int32]
+    counts: npt.NDArray[np.int32] = field(default_factory=lambda: _no_rows(np.int32))
+    allowed: npt.NDArray[np.uint8] = field(default_factory=lambda: _no_rows(np.uint8))
 
     @property
     def k(self) -> Column:
@@ -95,14 +107,20 @@ class BatchState:
 
     @classmethod
     def start(cls, artifact: Artifact, ks: Sequence[int], *, constrained: Sequence[bool] | None = None,
-              thinking: Sequence[bool] | None = None, k_max: int | None = None) -> BatchState:
-        """Fresh slots, one per entry of ``ks``; refuses any k outside 1..number of tools up front."""
+              thinking: Sequence[bool] | None = None, k_max: int | None = None,
+              subsets: Sequence[Subset] | None = None) -> BatchState:
+        """Fresh slots, one per entry of ``ks``, each on the whole registry or on its entry of ``subsets``;
+        refuses any k outside 1..number of tools (of the subset) up front."""
         n_tools = artifact.trie.n_tools
         ks_array = np.asarray(ks, dtype=np.int32).reshape(-1)
         constrained_array = np.ones(len(ks_array), bool) if constrained is None else np.asarray(constrained, bool)
+        subsets = [None] * len(ks_array) if subsets is None else list(subsets)
+        if len(subsets) != len(ks_array):
+            raise DecodeError(f"{len(subsets)} subsets for {len(ks_array)} slots")
         for row, (k, has_grammar) in enumerate(zip(ks_array, constrained_array, strict=True)):
             if has_grammar:
                 check_k(int(k), n_tools, where=f"slot {row}")
+                check_subset(artifact, subsets[row], int(k), where=f"slot {row}")
         widest = max(1, int(ks_array.max(initial=1)))
         width = widest if k_max is None else int(k_max)
         if width < widest:
@@ -114,15 +132,37 @@ class BatchState:
                           for k in ks_array]
         table[:, CONSTRAINED] = constrained_array
         table[:, THINKING] = False if thinking is None else np.asarray(thinking, bool)
-        return cls(table)
+        state = cls(table)
+        for row, subset in enumerate(subsets):
+            if subset is not None:
+                state._limit(artifact, row, subset)
+        return state
+
+    def _limit(self, artifact: Artifact, row: int, subset: Subset) -> None:
+        """Give ``row`` the edge counts and allowed tools of ``subset`` (None: the whole registry)."""
+        trie = artifact.trie
+        if subset is None and self.counts.shape[0] == 0:
+            return
+        if self.counts.shape[0] == 0:  # the first subset in this batch: every row gets its own counts
+            self.counts = np.tile(trie.edge_tool_count, (len(self), 1))
+            self.allowed = np.ones((len(self), trie.n_tools), dtype=np.uint8)
+        if subset is None:
+            self.counts[row], self.allowed[row] = trie.edge_tool_count, 1
+        else:
+            tools = np.fromiter(subset, dtype=np.int64)
+            self.counts[row] = trie.subset_edge_counts(tools)
+            self.allowed[row] = 0
+            self.allowed[row, tools] = 1
 
     def __len__(self) -> int:
         return len(self.k)
 
     def slot(self, row: int) -> Slot:
         emitted = int(self.emitted[row])
+        allowed = frozenset(np.flatnonzero(self.allowed[row]).tolist()) if self.allowed.shape[0] else None
         return Slot(k=int(self.k[row]), node=int(self.node[row]), depth=int(self.depth[row]),
-                    used=tuple(int(t) for t in self.used[row, :emitted]), status=Status(int(self.status[row])))
+                    used=tuple(int(t) for t in self.used[row, :emitted]), status=Status(int(self.status[row])),
+                    allowed=allowed)
 
     def set_slot(self, row: int, slot: Slot) -> None:
         self.node[row], self.depth[row], self.status[row] = slot.node, slot.depth, int(slot.status)
@@ -134,10 +174,12 @@ class BatchState:
         return [int(t) for t in self.used[row, : self.emitted[row]]]
 
     def reset(self, artifact: Artifact, row: int, k: int, *, constrained: bool = True,
-              thinking: bool = False) -> None:
+              thinking: bool = False, subset: Subset = None) -> None:
         """Reuse ``row`` for a new request (continuous batching: a slot joins between steps)."""
         if constrained:
             check_k(k, artifact.trie.n_tools, where=f"slot {row}")
+            check_subset(artifact, subset, k, where=f"slot {row}")
+        self._limit(artifact, row, subset)
         if k > self.used.shape[1]:
             self.table = np.pad(self.table, ((0, 0), (0, k - self.used.shape[1])), constant_values=-1)
         self.k[row] = k
@@ -156,6 +198,22 @@ class BatchState:
             raise DecodeError(f"batch_mapping must send kept slots to 0..{len(kept) - 1} exactly once, got {kept}")
         order = np.argsort(np.where(mapping >= 0, mapping, len(self)), kind="stable")[: len(kept)]
         self.table = np.ascontiguousarray(self.table[order])
+        if self.counts.shape[0]:
+            self.counts = np.ascontiguousarray(self.counts[order])
+            self.allowed = np.ascontiguousarray(self.allowed[order])
+
+
+def check_subset(artifact: Artifact, subset: Subset, k: int, *, where: str = "request") -> None:
+    """A subset must name real tools, at least k of them: refused before decoding starts."""
+    if subset is None:
+        return
+    tools = set(subset)
+    bad = sorted(t for t in tools if not 0 <= t < artifact.trie.n_tools)
+    if bad:
+        raise DecodeError(f"{where}: tool indices {bad[:5]} are outside 0..{artifact.trie.n_tools - 1}")
+    if len(tools) < k:
+        raise DecodeError(f"{where}: k={k} but only {len(tools)} tools are allowed; an answer needs k distinct "
+                          "allowed tools")
 
 
 def check_k(k: int, n_tools: int, *, where: str = "request") -> None:

@@ -8,9 +8,12 @@ advances the slot. The order of candidates never matters: :func:`beats` is a tot
 lower token id).
 
 ``trie`` is the tuple ``(node_edge_start, edge_token, edge_child, edge_tool_count, node_tool, trie_root,
-phase_trie, tool_path_start, tool_path_edges)``. Scores come from ``score(scores, hidden, row, col)``: logits
-``[B, V]`` (float, or bfloat16 bits viewed as int16) when ``hidden`` is None, else the sparse head: the dot
-product of ``hidden[row]`` with row ``col`` of the output embedding ``scores = W [V, H]``.
+phase_trie, tool_path_start, tool_path_edges)``. A row limited to a subset of the registry reads its own edge
+counts and allowed tools from ``counts [B, E]`` and ``allowed [B, n_tools]``; when those arrays have no rows,
+every slot has the whole registry (the compiled ``edge_tool_count``). Scores come from
+``score(scores, hidden, row, col)``: logits ``[B, V]`` (float, or bfloat16 bits viewed as int16) when ``hidden``
+is None, else the sparse head: the dot product of ``hidden[row]`` with row ``col`` of the output embedding
+``scores = W [V, H]``.
 """
 
 from __future__ import annotations
@@ -103,8 +106,9 @@ def beats(value: float, token: int, best_value: float, best_token: int) -> bool:
 
 
 @_jit
-def terminal_unused(table: Any, row: int, tool: int) -> bool:
-    if tool < 0:
+def terminal_open(table: Any, allowed: Any, row: int, tool: int) -> bool:
+    """The node's tool may end here: it exists, is allowed, and is not used yet."""
+    if tool < 0 or (allowed.shape[0] > 0 and allowed[row, tool] == 0):
         return False
     for j in range(table[row, EMITTED]):  # noqa: SIM110  (Numba compiles loops, not all() over a generator)
         if table[row, USED + j] == tool:
@@ -113,14 +117,15 @@ def terminal_unused(table: Any, row: int, tool: int) -> bool:
 
 
 @_jit
-def best_move(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id: int, table: Any, scores: Any,
-              hidden: Any, full_to_output: Any) -> tuple[float, int, int, int]:
+def best_move(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any,
+              allowed: Any, scores: Any, hidden: Any, full_to_output: Any) -> tuple[float, int, int, int]:
     """This lane's best legal move of a constrained, running slot: (score, token, kind, edge); token -1: none."""
     node_edge_start, edge_token, edge_tool_count, node_tool = trie[0], trie[1], trie[3], trie[4]
     trie_root, phase_trie, tool_path_start, tool_path_edges = trie[5], trie[6], trie[7], trie[8]
     k, node, depth, emitted = table[row, K], table[row, NODE], table[row, DEPTH], table[row, EMITTED]
     tool = node_tool[node]
-    unused = terminal_unused(table, row, tool)
+    unused = terminal_open(table, allowed, row, tool)
+    own_counts = counts.shape[0] > 0  # a subset: this row's counts, else the compiled ones
     own_trie = phase_trie[phase(emitted, k)]
     own_first, n_own = node_edge_start[node], node_edge_start[node + 1] - node_edge_start[node]
     # At an unused terminal with tools still owed, the next tool's root edges are candidates too (a hop),
@@ -139,7 +144,7 @@ def best_move(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id:
         # The count of unused tools below the edge: its compiled count minus the used tools (and, for a hop,
         # this terminal's tool) whose path crosses it; a used tool crosses at most this one edge of the node,
         # the one at this depth of its path. Written out here: as a function call per edge it cost 5x the step.
-        count = edge_tool_count[edge]
+        count = counts[row, edge] if own_counts else edge_tool_count[edge]
         for j in range(emitted + (1 if extra_tool >= 0 else 0)):
             used = table[row, USED + j] if j < emitted else extra_tool
             start = tool_path_start[trie_index * n_tools + used]
@@ -223,8 +228,8 @@ def is_plain(table: Any, row: int) -> bool:
 @_entry
 def step_rows(node_edge_start: Any, edge_token: Any, edge_child: Any, edge_tool_count: Any, node_tool: Any,
                trie_root: Any, phase_trie: Any, tool_path_start: Any, tool_path_edges: Any, n_tools: int,
-               eos_id: int, reasoning_end_id: int, table: Any, scores: Any, hidden: Any, n_cols: int,
-               full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
+               eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any, scores: Any, hidden: Any,
+               n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
     """The CPU backend's batch loop: each running row takes its best move (or plain argmax), one at a time."""
     trie = (node_edge_start, edge_token, edge_child, edge_tool_count, node_tool, trie_root, phase_trie,
             tool_path_start, tool_path_edges)
@@ -237,5 +242,6 @@ def step_rows(node_edge_start: Any, edge_token: Any, edge_child: Any, edge_tool_
                                   plain_excluded(table, row, eos_id))
             take_plain(row, token, eos_id, reasoning_end_id, table, chosen)
             continue
-        _, token, kind, edge = best_move(row, 0, 1, trie, n_tools, eos_id, table, scores, hidden, full_to_output)
+        _, token, kind, edge = best_move(row, 0, 1, trie, n_tools, eos_id, table, counts, allowed, scores, hidden,
+                                         full_to_output)
         take_move(row, token, kind, edge, trie, table, chosen)

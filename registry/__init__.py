@@ -12,8 +12,10 @@ from pathlib import Path
 
 from tooltrie.registry.loader import load_registry, make_registry, parse_registry
 from tooltrie.registry.model import Registry, Tool
+from tooltrie.registry.subsets import select_tools
 
 CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 BFCL_PATH = Path(__file__).with_name("bfcl.jsonl")
 
-__all__ = ["BFCL_PATH", "CATALOG_PATH", "Registry", "Tool", "load_registry", "make_registry", "parse_registry"]
+__all__ = ["BFCL_PATH", "CATALOG_PATH", "Registry", "Tool", "load_registry", "make_registry", "parse_registry",
+           "select_tools"]

@@ -29,7 +29,8 @@ from tooltrie.compiler.artifact import Artifact
 from tooltrie.compiler.tokenizer_info import TokenizerInfo
 from tooltrie.errors import DecodeError
 from tooltrie.kernels.rules import Move, Slot, advance, legal_moves
-from tooltrie.kernels.state import check_k
+from tooltrie.kernels.state import check_k, check_subset
+from tooltrie.registry.subsets import select_tools
 from tooltrie.serve.decoder import Prefix, SharedPrefixDecoder
 from tooltrie.serve.prompt import Prompt
 
@@ -43,6 +44,8 @@ class Request:
     constrained: bool = True
     max_new_tokens: int = 64  # for unconstrained requests, and for a reasoning model's thinking
     reasoning: bool = False  # let a reasoning model think first: the constraint starts after its end marker
+    allow: tuple[str, ...] | None = None  # tool names or tags the answer may use (None: every tool)
+    deny: tuple[str, ...] = ()  # tool names or tags it may not use
 
 
 @dataclass
@@ -107,7 +110,7 @@ class Engine:
         self.prompt = prompt or Prompt()
         self._prompts: dict[int, tuple[str, str]] = {}  # k -> (prefix text, suffix)
         self._prefixes: dict[str, Prefix] = {}  # prefix text -> its keys and values, computed once
-        self._waiting: deque[tuple[int, Request]] = deque()
+        self._waiting: deque[tuple[int, Request, frozenset[int] | None]] = deque()  # (ticket, request, allowed)
         self._active: list[tuple[int, _Row]] = []  # (ticket, row)
         self._free_slots = list(range(max_batch - 1, -1, -1))
         self._next_ticket = 0
@@ -148,10 +151,10 @@ class Engine:
 
     def submit(self, request: Request) -> int:
         """Queue a request; it joins the running batch at a later ``step``. Returns its ticket."""
-        self._check(request, where="request")
+        allowed = self._check(request, where="request")
         ticket = self._next_ticket
         self._next_ticket += 1
-        self._waiting.append((ticket, request))
+        self._waiting.append((ticket, request, allowed))
         return ticket
 
     def cancel(self, ticket: int) -> bool:
@@ -191,18 +194,22 @@ class Engine:
                 self._evict(finished)
         return finished
 
-    def _check(self, request: Request, *, where: str) -> None:
+    def _check(self, request: Request, *, where: str) -> frozenset[int] | None:
+        """Refuse a request that cannot be answered; returns the tools it may name (None: all)."""
+        allowed = select_tools(self.artifact.registry, request.allow, request.deny, where=where)
         if request.constrained:
             check_k(request.k, self.artifact.trie.n_tools, where=where)
+            check_subset(self.artifact, allowed, request.k, where=where)
         if request.reasoning and self.reasoning_end_id is None:
             raise DecodeError(f"{where}: reasoning asked for, but {self.tokenizer.source} has no "
                               "reasoning-end marker (</think> or the like)")
+        return allowed
 
     def _admit_waiting(self, finished: dict[int, Answer]) -> None:
         admitted: list[tuple[int, _Row, list[int]]] = []
         while self._waiting and self._free_slots and len(self._active) + len(admitted) < self.max_batch:
-            ticket, request = self._waiting.popleft()
-            row, feed = self._admit(request)
+            ticket, request, allowed = self._waiting.popleft()
+            row, feed = self._admit(request, allowed)
             if row.finish_reason is not None:  # forced from start to stop: nothing for the model to decide
                 finished[ticket] = self._finish(row)
             else:
@@ -227,14 +234,14 @@ class Engine:
                 finished[ticket] = self._finish(row)
         self._active = still
 
-    def _admit(self, request: Request) -> tuple[_Row, list[int]]:
+    def _admit(self, request: Request, allowed: frozenset[int] | None) -> tuple[_Row, list[int]]:
         """A new request's row (holding a cache slot, on its prefix) and the tokens to feed it first."""
         prefix_text, prefix, suffix = self._prefix(request.k)
         # The prompt is tokenized whole, as the model would see it; the cached prefix serves as far as the two
         # agree (a query starting with a newline can merge with the prefix's last token).
         prompt_ids = self.tokenizer.encode(prefix_text + request.query + suffix)
         shared = _common_length(prefix.ids, prompt_ids)
-        slot = Slot.start(self.artifact.trie, request.k) if request.constrained else None
+        slot = Slot.start(self.artifact.trie, request.k, allowed) if request.constrained else None
         row = _Row(request=request, slot=slot, pending=[], started=time.perf_counter(),
                    prompt_tokens=len(prompt_ids), thinking=request.reasoning)
         self._take_forced(row)

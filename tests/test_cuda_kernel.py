@@ -208,3 +208,28 @@ def test_device_arrays_zero_copy(tools_artifact, library):
         if (state_ref.status != RUNNING).all():
             break
     assert (state_ref.status == DONE).all()
+
+
+@pytest.mark.parametrize(("placement", "layout"), [("constant", "warp"), ("global", "thread")])
+def test_subsets_counted_on_the_device_decode_as_the_reference(tools_artifact, placement, layout):
+    """Rows limited to subsets: the device computes their edge counts from a bitmap (equal to the host's), and
+    the kernel then chooses what the reference chooses, only ever tools of each row's subset."""
+    stepper = CudaStepper(tools_artifact, placement=placement, layout=layout)
+    subsets = [frozenset({0, 1, 4}), None, frozenset({6})]
+    ks = [2, 2, 1]
+    state_ref = BatchState.start(tools_artifact, ks, subsets=subsets)
+    state_dev = BatchState.start(tools_artifact, ks)
+    counts, allowed = stepper.subsets(state_ref.allowed)
+    np.testing.assert_array_equal(counts.copy_to_host(), state_ref.counts)
+    rng = np.random.default_rng(11)
+    for _ in range(12):
+        logits = _tied_logits(rng, 3, 50257)
+        expected = step(tools_artifact, state_ref, logits, backend="reference")
+        chosen = np.full(3, -7, dtype=np.int32)
+        stepper.step(state_dev.table, logits, chosen, subsets=(counts, allowed))
+        np.testing.assert_array_equal(chosen, expected)
+        np.testing.assert_array_equal(state_dev.table, state_ref.table)
+        if (state_ref.status != RUNNING).all():
+            break
+    assert (state_ref.status == DONE).all()
+    assert set(state_ref.tools(0)) <= subsets[0] and state_ref.tools(2) == [6]
