@@ -1,2 +1,3 @@
-"""Serving: the default language model (``model``), the decoding engine (``engine``) and a transformers
-logits processor (``hf``). The HTTP/MCP discovery endpoint is still to come."""
+"""Serving: the default language model (``model``), the decoding engine (``engine``), a transformers logits
+processor (``hf``), and the HTTP/MCP discovery endpoint (``server``: a ``service`` whose ``worker`` thread drives
+the engines; ``mcp_tools``, ``schema``, ``limits``, ``errors``, ``metrics``)."""

@@ -1,0 +1,77 @@
+"""Why the discovery service refused or could not answer a request, each with the HTTP status it maps to.
+
+The same errors reach MCP callers as a tool error carrying the message; ``code`` is the machine-readable word in an
+HTTP error body (``{"error": {"code", "message"}}``).
+"""
+
+from __future__ import annotations
+
+from tooltrie.errors import TooltrieError
+
+
+class ServeError(TooltrieError):
+    """Base class of the service's errors."""
+
+    status = 500
+    code = "internal"
+
+
+class InvalidRequestError(ServeError, ValueError):
+    """The request is well-formed JSON but asks for something impossible (k out of range, empty query, ...)."""
+
+    status = 422
+    code = "invalid_request"
+
+
+class UnknownRegistryError(ServeError, LookupError):
+    """The request names a registry this server does not serve."""
+
+    status = 404
+    code = "unknown_registry"
+
+
+class RegistryReloadError(ServeError, ValueError):
+    """A reload found the registry file unreadable or uncompilable; the previous version keeps serving."""
+
+    status = 422
+    code = "invalid_registry"
+
+
+class QueueFullError(ServeError):
+    """Every decoding slot is taken and the queue is full: try again after ``retry_after_s``."""
+
+    status = 429
+    code = "queue_full"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class RequestTimeoutError(ServeError):
+    """No answer within the server's timeout; the request was cancelled and its slot freed."""
+
+    status = 504
+    code = "timeout"
+
+
+class ClientGoneError(ServeError):
+    """The client disconnected before its answer; the request was cancelled (499: nobody reads the reply)."""
+
+    status = 499
+    code = "client_closed_request"
+
+
+class DecodingFailedError(ServeError, RuntimeError):
+    """The engine failed while decoding (a bug, not bad input): the rows of that step get this, the engine is
+    rebuilt, and the server goes on."""
+
+    status = 500
+    code = "decoding_failed"
+
+
+class UnavailableError(ServeError):
+    """The service is stopping, or its health probe failed."""
+
+    status = 503
+    code = "unavailable"

@@ -1,0 +1,52 @@
+"""The service's Prometheus metrics (``GET /metrics``), in a registry of their own so two servers in one process
+(tests, benchmarks) never share counts.
+
+Labels take registry names the server serves (``"-"`` for a name it does not), never request text, so their
+number stays bounded.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# Seconds: a tiny model answers in milliseconds, SmolLM2 on a CPU in about 0.2-2 s, a long queue in tens of seconds.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class ServeMetrics:
+    """Counters, histograms and gauges of one server; safe to update from any thread."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "tooltrie_discover_requests", "Discovery requests (HTTP and MCP) by registry and outcome: ok, or the "
+            "error code (invalid_request, unknown_registry, queue_full, timeout, client_closed_request, ...)",
+            ["registry", "outcome"], registry=self.registry)
+        self.latency = Histogram(
+            "tooltrie_discover_latency_seconds",
+            "Arrival to answer of successful discovery requests, queueing included",
+            ["registry"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.batch_rows = Histogram(
+            "tooltrie_batch_rows", "Rows decoded in each engine step (admission, then a forward pass), by registry",
+            ["registry"], buckets=BATCH_BUCKETS, registry=self.registry)
+        self.cancelled = Counter(
+            "tooltrie_cancelled_requests", "Requests cancelled (timeout or client gone) by where they were: "
+            "waiting (never decoded) or decoding (their slot freed at the next step)",
+            ["stage"], registry=self.registry)
+        self.http_responses = Counter(
+            "tooltrie_http_responses", "HTTP responses by status code, errors included", ["status"],
+            registry=self.registry)
+        self.reloads = Counter(
+            "tooltrie_registry_reloads", "Registry reloads by registry and outcome (ok or the error code)",
+            ["registry", "outcome"], registry=self.registry)
+        self.queued = Gauge("tooltrie_queued_requests", "Requests accepted and not yet decoding",
+                            registry=self.registry)
+        self.active_rows = Gauge("tooltrie_active_rows", "Rows being decoded, over all engines",
+                                 registry=self.registry)
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every metric."""
+        return generate_latest(self.registry)

@@ -1,0 +1,64 @@
+"""The discovery endpoint's wire format, one definition for HTTP (request body, response, OpenAPI) and MCP (the
+``discover_tools`` tool's input and structured output).
+
+Types are strict: ``"3"`` is not a k, ``3.0`` is not a k, ``true`` is not a k; unknown fields are refused (a
+misspelt ``registy`` would otherwise be ignored silently).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tooltrie.serve.limits import ServeLimits
+
+_DEFAULTS = ServeLimits()
+QUERY_HELP = (f"What the agent wants to do, in words; non-empty, at most {_DEFAULTS.max_query_chars:,} characters "
+              "(the server's default limit).")
+K_HELP = "How many tools to return: 1 to the number of tools in the registry; every answer has exactly k."
+REGISTRY_HELP = "The name of a registry this server serves (GET /v1/registries); by default, the first one."
+
+
+class DiscoverBody(BaseModel):
+    """``POST /v1/discover``: a query and how many tools it needs."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
+        "examples": [{"query": "What will the weather be in Paris tomorrow?", "k": 3}]})
+
+    query: str = Field(description=QUERY_HELP)
+    k: int = Field(description=K_HELP)
+    registry: str | None = Field(default=None, description=REGISTRY_HELP)
+
+
+class ToolPointer(BaseModel):
+    rank: int = Field(description="1 for the most relevant")
+    name: str = Field(description="the tool's name in the registry")
+    pointer: str = Field(description="where to find the tool (a URI or server/tool)")
+    score: float = Field(description="log-probability of choosing this tool, given the ones ranked before it")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    forward_passes: int
+    decision_points: int
+
+
+class DiscoverResponse(BaseModel):
+    """Exactly k distinct tools of the registry, most relevant first (``finish_reason`` ``"stop"``)."""
+
+    tools: list[ToolPointer]
+    finish_reason: str = Field(description='"stop" when the answer is complete; "error" when decoding failed')
+    registry: str
+    registry_sha256: str = Field(description="the version of the registry that answered (it changes on reload)")
+    usage: Usage
+    latency_ms: float = Field(description="decoding time in the engine, from admission to the answer")
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="invalid_request, malformed_json, body_too_large, unknown_registry, queue_full, "
+                                  "timeout, ...")
+    message: str = Field(description="what is wrong, in words")
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail

@@ -1,0 +1,254 @@
+"""The discovery endpoint: a FastAPI app over a ``DiscoveryService``, with MCP mounted at ``/mcp``.
+
+Routes: ``POST /v1/discover``, ``GET /v1/registries``, ``POST /v1/registries/{name}/reload``, ``GET /healthz``,
+``GET /metrics`` (Prometheus), ``/docs`` and ``/openapi.json`` (FastAPI), and MCP's streamable HTTP transport at
+``/mcp`` (the ``discover_tools`` tool). ``tooltrie serve`` runs it with uvicorn (:func:`serve`).
+
+Every refusal is a 4xx whose body says what is wrong, ``{"error": {"code", "message"}}``: malformed JSON 400, an
+unknown registry 404, a body over the limit 413, wrong types or impossible values (k out of range, an empty or too
+long query) 422, a full queue 429 with ``Retry-After``; no answer in time is 504. The limits are ``ServeLimits``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tooltrie.serve.errors import QueueFullError, ServeError, UnavailableError
+from tooltrie.serve.limits import ServeLimits
+from tooltrie.serve.mcp_tools import MCP_PATH, mcp_server
+from tooltrie.serve.metrics import ServeMetrics
+from tooltrie.serve.schema import DiscoverBody, DiscoverResponse, ErrorBody
+from tooltrie.serve.service import Disconnected, DiscoveryRequest, DiscoveryService
+
+logger = logging.getLogger(__name__)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": description} for status, description in {
+        400: "malformed JSON", 404: "unknown registry", 413: "body over the size limit",
+        422: "wrong types or impossible values (k out of range, empty or too long query)",
+        429: "queue full (see Retry-After)", 504: "no answer within the server's timeout"}.items()}
+
+
+def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI:
+    """The app; its lifespan starts and stops ``service`` (the worker thread) and MCP's session manager.
+
+    ``host`` is what the server binds: on a loopback address MCP refuses requests whose Host or Origin header is
+    not local (protection against DNS rebinding).
+    """
+    mcp = mcp_server(service)
+    mcp_app = mcp.streamable_http_app(streamable_http_path=MCP_PATH, stateless_http=True, json_response=True,
+                                      host=host, max_request_body_size=service.limits.max_body_bytes)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        try:
+            async with mcp.session_manager.run():
+                yield
+        finally:
+            await asyncio.to_thread(service.stop)
+
+    app = FastAPI(title="tooltrie discovery", version="0.1.0", lifespan=lifespan,
+                  description="Which registry tools answer this request? Exactly k distinct tools that exist, "
+                              "decoded by a language model under a trie over its token ids. MCP: `discover_tools` "
+                              f"at `{MCP_PATH}` (streamable HTTP).")
+    app.add_middleware(_BodyLimit, max_body_bytes=service.limits.max_body_bytes, metrics=service.metrics)
+    app.add_exception_handler(ServeError, _serve_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected_error)
+
+    @app.post("/v1/discover", response_model=DiscoverResponse, responses=_ERRORS, tags=["discovery"])
+    async def discover(body: DiscoverBody, request: Request) -> dict[str, Any]:
+        """Exactly k distinct tools of the registry that best answer the query, most relevant first."""
+        ask = DiscoveryRequest(query=body.query, k=body.k, registry=body.registry)
+        return await service.discover(ask, disconnected=_until_disconnected(request))
+
+    @app.get("/v1/registries", tags=["registries"])
+    async def registries() -> dict[str, Any]:
+        """The registries served: name, tool count, placement (constant or global memory) and hashes."""
+        return {"registries": service.registries()}
+
+    @app.post("/v1/registries/{name}/reload", tags=["registries"],
+              responses={404: _ERRORS[404], 422: {"model": ErrorBody, "description": "the file no longer loads"}})
+    async def reload(name: str) -> dict[str, Any]:
+        """Re-read the registry's file, compile it and swap it in: requests already decoding finish on the old
+        version, later ones get the new one. A file that no longer loads leaves the old version serving (422)."""
+        return await service.reload(name)
+
+    @app.get("/healthz", tags=["health"], responses={503: {"model": ErrorBody, "description": "the probe failed"}})
+    async def healthz() -> dict[str, Any]:
+        """A probe decode on a tiny probe grammar, through the same worker and model as every request; 503 when
+        it fails or takes longer than the request timeout."""
+        try:
+            probe = await service.probe()
+        except UnavailableError:
+            raise
+        except ServeError as exc:
+            raise UnavailableError(f"the probe decode failed: {exc}") from exc
+        return {"status": "ok", "probe": probe, "registries": [summary["name"] for summary in service.registries()],
+                "queued": service.worker.queued, "queue_limit": service.limits.queue}
+
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    async def metrics() -> Response:
+        """Prometheus text format: requests by outcome, latency and batch-size histograms, queue, reloads."""
+        return Response(service.metrics.exposition(), media_type=service.metrics.content_type)
+
+    app.router.routes.extend(mcp_app.routes)  # the MCP endpoint, after (and so never shadowing) the routes above
+    return app
+
+
+def _until_disconnected(request: Request) -> Disconnected:
+    """A coroutine function that returns once the client has gone. The body has been read by then, so the next
+    ASGI message is ``http.disconnect`` (uvicorn sends nothing else until the response is complete)."""
+
+    async def until_disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    return until_disconnected
+
+
+# -- errors ---------------------------------------------------------------------------------------------------------
+
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+async def _serve_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ServeError)
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, QueueFullError) else None
+    return _error(exc.status, exc.code, str(exc), headers)
+
+
+async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    for error in errors:
+        if error.get("type") == "json_invalid":
+            reason = (error.get("ctx") or {}).get("error", "not JSON")
+            position = [part for part in error.get("loc", ()) if isinstance(part, int)]
+            where = f" at character {position[0]}" if position else ""
+            return _error(400, "malformed_json", f"the body is not valid JSON{where}: {reason}")
+    return _error(422, "invalid_request", "; ".join(_describe(error) for error in errors) or "invalid request")
+
+
+def _describe(error: dict[str, Any]) -> str:
+    """One validation error in words, naming the field: ``k: Input should be a valid integer (got "3")``."""
+    path = [str(part) for part in error.get("loc", ()) if part != "body"]
+    kind = error.get("type", "")
+    fields = ", ".join(DiscoverBody.model_fields)
+    if not path:
+        return (f"the body must be a JSON object with the fields {fields}" if kind != "missing"
+                else f"a JSON body is required, with the fields {fields}")
+    field = ".".join(path)
+    if kind == "extra_forbidden":
+        return f"unknown field {field!r} (the fields are {fields})"
+    if kind == "missing":
+        return f"{field}: required"
+    got = json.dumps(error.get("input"), ensure_ascii=False, default=str)
+    return f"{field}: {error.get('msg', 'invalid')} (got {got[:80]})"
+
+
+async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return _error(exc.status_code, code, str(exc.detail), dict(exc.headers or {}))
+
+
+async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+    logger.error("unexpected error", exc_info=exc)
+    return _error(500, "internal", f"internal error ({type(exc).__name__}); see the server's log")
+
+
+class _BodyLimit:
+    """ASGI middleware: reads the body (up to ``max_body_bytes``) before the app sees it, refusing a larger one
+    with 413 whatever its route (MCP included); and counts responses by status for ``/metrics``."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, metrics: ServeMetrics) -> None:
+        self.app, self.max_body_bytes, self.metrics = app, max_body_bytes, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.metrics.http_responses.labels(str(message["status"])).inc()
+            await send(message)
+
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
+            await self._too_large(scope, receive, counting_send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client left before sending its body: no one to answer
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                await self._too_large(scope, receive, counting_send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the disconnect, when it comes
+
+        await self.app(scope, replay, counting_send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = _error(413, "body_too_large", f"the request body is over the limit of {self.max_body_bytes:,} "
+                                                 "bytes")
+        await response(scope, receive, send)
+
+
+# -- the command ----------------------------------------------------------------------------------------------------
+
+def serve(*, registries: Sequence[Path], model: str | None = None, tokenizer: str | None = None,
+          host: str = "127.0.0.1", port: int = 8000, limits: ServeLimits | None = None,
+          log_level: str = "info") -> None:
+    """``tooltrie serve``: load the model, compile (or take from the cache) each registry, and serve until
+    interrupted."""
+    import uvicorn
+    from transformers.utils import logging as transformers_logging
+
+    from tooltrie.compiler import TokenizerInfo
+    from tooltrie.registry import load_registry
+    from tooltrie.serve.model import load_model
+    from tooltrie.serve.prompt import Prompt
+
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    for path in registries:  # a bad registry file is refused before the model loads
+        load_registry(path)
+    loaded, info = load_model(model)
+    service = DiscoveryService.from_paths(registries, loaded, TokenizerInfo.load(tokenizer or info.tokenizer),
+                                          prompt=Prompt.style(info.prompt_style), limits=limits)
+    served = ", ".join(f"{summary['name']} ({summary['tools']} tools)" for summary in service.registries())
+    print(f"tooltrie serve: {served} with {info.name}, on http://{host}:{port} (docs /docs, MCP {MCP_PATH})",
+          file=sys.stderr)
+    uvicorn.run(create_app(service, host=host), host=host, port=port, log_level=log_level)

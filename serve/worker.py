@@ -1,0 +1,285 @@
+"""The worker: the one thread that owns and drives every engine (an ``Engine`` is not thread-safe).
+
+Requests reach it through a thread-safe inbox as ``Job``s. Each turn of its loop it
+
+1. takes the new messages (jobs, cancellations, engine swaps), blocking only when no engine has work;
+2. moves waiting jobs into free decoding slots, first come first served, per registry (continuous batching:
+   a request joins the running batch between forward passes);
+3. steps every busy engine once (one forward pass each) and hands each finished answer to its job's ``deliver``,
+   which must be thread-safe (the service passes ``loop.call_soon_threadsafe``).
+
+The queue limit counts jobs accepted but not yet in a slot; ``submit`` refuses one more with ``QueueFullError``.
+
+A registry reload ``install``\\s a new engine under the same name: jobs not yet decoding go to the new engine, rows
+already decoding finish on the old one (on the artifact they started with), which is stepped until it is empty and
+then dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from tooltrie.compiler.artifact import Artifact
+from tooltrie.serve.engine import Answer, Engine, Request
+from tooltrie.serve.errors import DecodingFailedError, QueueFullError, UnavailableError, UnknownRegistryError
+from tooltrie.serve.metrics import ServeMetrics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Answered:
+    """A finished request: the engine's answer and the artifact it was decoded under."""
+
+    answer: Answer
+    artifact: Artifact
+
+
+Outcome = Answered | BaseException
+
+
+@dataclass(eq=False)  # compared by identity: a job is one request, however alike two of them look
+class Job:
+    """One request on its way through the worker. ``deliver`` is called exactly once, on the worker thread, unless
+    the job is cancelled first."""
+
+    registry: str
+    request: Request
+    deliver: Callable[[Outcome], None]
+    counted: bool = True  # counts against the queue limit (the health probe does not)
+    lane: _Lane | None = field(default=None, repr=False)  # set by the worker once the job is decoding
+    ticket: int | None = None
+
+
+@dataclass(eq=False)
+class _Lane:
+    """An engine and the jobs it is decoding, by ticket."""
+
+    name: str
+    engine: Engine
+    jobs: dict[int, Job] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    job: Job
+
+
+@dataclass(frozen=True)
+class _Install:
+    name: str
+    engine: Engine
+
+
+class _Stop:
+    pass
+
+
+_Message = Job | _Cancel | _Install | _Stop
+
+
+class Worker:
+    """Drives ``engines`` (registry name -> engine) from one thread; every method may be called from any thread."""
+
+    def __init__(self, engines: Mapping[str, Engine], *, queue_limit: int, metrics: ServeMetrics | None = None) -> None:
+        self.queue_limit = queue_limit
+        self._metrics = metrics
+        self._inbox: queue.SimpleQueue[_Message] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._queued = 0  # jobs accepted and not yet in a slot; under _lock
+        self._closed = False  # under _lock
+        # The rest belongs to the worker thread once it runs.
+        self._lanes = {name: _Lane(name, engine) for name, engine in engines.items()}
+        self._waiting: dict[str, deque[Job]] = {name: deque() for name in engines}
+        self._draining: list[_Lane] = []  # replaced engines finishing their rows
+        self._thread = threading.Thread(target=self._run, name="tooltrie-worker", daemon=True)
+
+    # -- any thread ---------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop after the current step; jobs not answered by then get ``UnavailableError``."""
+        with self._lock:
+            self._closed = True
+        self._inbox.put(_Stop())
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def submit(self, job: Job) -> None:
+        """Accept a job, or raise ``QueueFullError`` (queue full) or ``UnavailableError`` (stopping)."""
+        with self._lock:
+            if self._closed:
+                raise UnavailableError("the server is stopping")
+            if job.counted:
+                if self._queued >= self.queue_limit:
+                    raise QueueFullError(f"the queue is full ({self.queue_limit} requests waiting for a decoding "
+                                         "slot); retry later")
+                self._queued += 1
+            self._inbox.put(job)  # under the lock: once stopping, nothing more reaches the inbox
+
+    def cancel(self, job: Job) -> None:
+        """Drop a job: out of the queue, or out of its slot at the next step. Nothing is delivered for it then
+        (a job already answered is left as it is)."""
+        self._inbox.put(_Cancel(job))
+
+    def install(self, name: str, engine: Engine) -> None:
+        """Serve ``name`` with ``engine`` from now on; the old engine finishes the rows it is decoding."""
+        self._inbox.put(_Install(name, engine))
+
+    @property
+    def queued(self) -> int:
+        with self._lock:
+            return self._queued
+
+    # -- the worker thread --------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            running = True
+            while running:
+                for message in self._messages(block=not self._busy()):
+                    running = self._handle(message) and running
+                if not running:
+                    break
+                self._feed()
+                for lane in [*self._lanes.values(), *self._draining]:
+                    if lane.engine.busy:
+                        self._step(lane)
+                self._draining = [lane for lane in self._draining if lane.engine.busy]
+                self._publish()
+        except BaseException:  # a bug in the loop itself: refuse new work rather than hang every caller
+            logger.exception("the worker stopped")
+            raise
+        finally:
+            with self._lock:
+                self._closed = True
+            self._fail_all("the server is stopping")
+
+    def _busy(self) -> bool:
+        lanes = [*self._lanes.values(), *self._draining]
+        return any(lane.engine.busy for lane in lanes) or any(self._waiting.values())
+
+    def _messages(self, *, block: bool) -> list[_Message]:
+        messages = [self._inbox.get()] if block else []
+        while True:
+            try:
+                messages.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return messages
+
+    def _handle(self, message: _Message) -> bool:
+        """Apply one message; False for stop."""
+        if isinstance(message, Job):
+            if message.registry in self._waiting:
+                self._waiting[message.registry].append(message)
+            else:  # the service checks names first; a job can only get here by a race with a removal
+                self._uncount(message)
+                self._deliver(message, UnknownRegistryError(f"unknown registry {message.registry!r}"))
+        elif isinstance(message, _Cancel):
+            self._cancel(message.job)
+        elif isinstance(message, _Install):
+            old = self._lanes.get(message.name)
+            if old is not None and old.engine.busy:
+                self._draining.append(old)
+            self._lanes[message.name] = _Lane(message.name, message.engine)
+            self._waiting.setdefault(message.name, deque())
+        else:
+            return False
+        return True
+
+    def _cancel(self, job: Job) -> None:
+        waiting = self._waiting.get(job.registry)
+        if waiting is not None and job in waiting:
+            waiting.remove(job)
+            self._uncount(job)
+            self._count_cancel("waiting")
+        elif job.lane is not None and job.ticket is not None and job.lane.jobs.pop(job.ticket, None) is job:
+            job.lane.engine.cancel(job.ticket)
+            self._count_cancel("decoding")
+
+    def _feed(self) -> None:
+        """Move waiting jobs into free slots; the engine admits them at its next step."""
+        for name, waiting in self._waiting.items():
+            lane = self._lanes[name]
+            active, pending = lane.engine.load
+            free = lane.engine.max_batch - active - pending
+            while waiting and free > 0:
+                job = waiting.popleft()
+                self._uncount(job)
+                try:
+                    ticket = lane.engine.submit(job.request)
+                except Exception as exc:  # DecodeError: k no longer fits a reloaded registry
+                    self._deliver(job, exc)
+                    continue
+                job.lane, job.ticket = lane, ticket
+                lane.jobs[ticket] = job
+                free -= 1
+
+    def _step(self, lane: _Lane) -> None:
+        engine = lane.engine
+        rows = min(engine.max_batch, sum(engine.load))
+        try:
+            answers = engine.step()
+        except Exception as exc:  # a bug in decoding: fail this engine's rows, keep serving with a fresh engine
+            logger.exception("decoding failed on registry %r", lane.name)
+            failure = f"decoding failed ({type(exc).__name__}: {exc}); the request was dropped"
+            for failed in lane.jobs.values():  # an exception each: each is raised in its own caller's task
+                self._deliver(failed, DecodingFailedError(failure))
+            lane.jobs.clear()
+            lane.engine = Engine(engine.model, engine.tokenizer, engine.artifact, max_batch=engine.max_batch,
+                                 prompt=engine.prompt)
+            return
+        if self._metrics is not None:
+            self._metrics.batch_rows.labels(lane.name).observe(rows)
+        for ticket, answer in answers.items():
+            job = lane.jobs.pop(ticket, None)
+            if job is not None:
+                self._deliver(job, Answered(answer, engine.artifact))
+
+    def _deliver(self, job: Job, outcome: Outcome) -> None:
+        try:
+            job.deliver(outcome)
+        except Exception:  # the caller's callback must not take the worker down with it
+            logger.exception("delivering an answer failed")
+
+    def _uncount(self, job: Job) -> None:
+        if job.counted:
+            with self._lock:
+                self._queued -= 1
+
+    def _count_cancel(self, stage: str) -> None:
+        if self._metrics is not None:
+            self._metrics.cancelled.labels(stage).inc()
+
+    def _publish(self) -> None:
+        if self._metrics is not None:
+            self._metrics.queued.set(self.queued)
+            self._metrics.active_rows.set(sum(lane.engine.load[0] for lane in [*self._lanes.values(),
+                                                                               *self._draining]))
+
+    def _fail_all(self, reason: str) -> None:
+        """Answer every job still held (stopping), including those still in the inbox."""
+        for waiting in self._waiting.values():
+            while waiting:
+                job = waiting.popleft()
+                self._uncount(job)
+                self._deliver(job, UnavailableError(reason))
+        for lane in [*self._lanes.values(), *self._draining]:
+            for job in lane.jobs.values():
+                self._deliver(job, UnavailableError(reason))
+            lane.jobs.clear()
+        while True:
+            try:
+                message = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(message, Job):
+                self._uncount(message)
+                self._deliver(message, UnavailableError(reason))

@@ -1,0 +1,193 @@
+"""Helpers for ``test_serve_http.py`` and ``test_serve_mcp.py``: the real discovery server (uvicorn, in a thread, on a
+loopback port), a gate that holds the model's forward passes (to stage queues, disconnects and reloads
+deterministically), a guard that fails any connection beyond loopback, and the checks every answer must pass.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+import yaml
+
+from tooltrie.compiler import TokenizerInfo
+from tooltrie.registry import CATALOG_PATH, Registry, load_registry
+from tooltrie.serve.limits import ServeLimits
+from tooltrie.serve.model import tiny_llama
+from tooltrie.serve.prompt import Prompt
+from tooltrie.serve.server import create_app
+from tooltrie.serve.service import PROBE_TOOLS, DiscoveryService
+
+PROBE_NAMES = {tool["name"] for tool in PROBE_TOOLS}
+
+
+@cache
+def smollm_tokenizer() -> TokenizerInfo:
+    return TokenizerInfo.load("smollm2-135m")
+
+
+@cache
+def catalog() -> Registry:
+    return load_registry(CATALOG_PATH)
+
+
+# -- the server ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class Running:
+    url: str  # http://127.0.0.1:PORT
+    service: DiscoveryService
+
+    def metric(self, text: str, name: str, **labels: str) -> float:
+        """A sample's value in a ``/metrics`` text (0 when absent)."""
+        wanted = name + ("{" + ",".join(f'{key}="{value}"' for key, value in sorted(labels.items())) + "}"
+                         if labels else "")
+        for line in text.splitlines():
+            if line.startswith(wanted + " "):
+                return float(line.split()[-1])
+        return 0.0
+
+
+@contextmanager
+def running_server(service: DiscoveryService) -> Iterator[Running]:
+    """Serve ``service`` with uvicorn on a free loopback port, in a thread; stop it on exit."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the server did not start")
+        time.sleep(0.02)
+    try:
+        yield Running(url=f"http://127.0.0.1:{port}", service=service)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def tiny_service(registries: Sequence[Path], cache_dir: Path, *, limits: ServeLimits | None = None,
+                 model: Any = None, prompt: Prompt | None = None) -> DiscoveryService:
+    """A service on the tiny random Llama (SmolLM2's vocabulary; or ``model``) and the bundled SmolLM2 tokenizer."""
+    return DiscoveryService.from_paths(registries, model if model is not None else tiny_llama(), smollm_tokenizer(),
+                                       limits=limits, cache_dir=cache_dir, prompt=prompt)
+
+
+class Gate:
+    """Holds every forward pass of ``model`` while closed (a pre-hook on its input embeddings, which every decoder
+    pass starts with). ``entered`` is set when a pass arrives at the gate; ``fail_next`` fails the next pass."""
+
+    def __init__(self, model: Any) -> None:
+        self._opened = threading.Event()
+        self._opened.set()
+        self.entered = threading.Event()
+        self.fail_next = False  # make the next forward pass raise, as a bug in decoding would
+        model.get_input_embeddings().register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_: Any) -> None:
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("injected failure")
+        self.entered.set()
+        if not self._opened.wait(timeout=60):
+            raise RuntimeError("the test gate stayed closed for 60 s")
+
+    def close(self) -> None:
+        self.entered.clear()
+        self._opened.clear()
+
+    def open(self) -> None:
+        self._opened.set()
+
+    def wait_entered(self, timeout_s: float = 30) -> None:
+        if not self.entered.wait(timeout_s):
+            raise AssertionError("no forward pass reached the gate")
+
+
+def wait_until(condition: Callable[[], bool], *, timeout_s: float = 30, what: str = "the condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+# -- registry files -------------------------------------------------------------------------------------------------
+
+def write_registry(path: Path, name: str, tools: Sequence[tuple[str, str]]) -> Registry:
+    """Write a native YAML registry of ``(name, description)`` tools; the registry as the server will read it."""
+    data = {"name": name, "tools": [{"name": tool, "description": about} for tool, about in tools]}
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return load_registry(path)
+
+
+def catalog_tools(start: int, stop: int) -> list[tuple[str, str]]:
+    return [(tool.name, tool.description) for tool in catalog().tools[start:stop]]
+
+
+# -- checks ---------------------------------------------------------------------------------------------------------
+
+def check_answer(body: dict[str, Any], registry: Registry, k: int) -> None:
+    """Exactly k distinct tools of ``registry`` with their pointers, ranked 1..k, finished."""
+    assert body["finish_reason"] == "stop", body
+    assert body["registry"] == registry.name
+    assert body["registry_sha256"] == registry.sha256
+    tools = body["tools"]
+    names = [tool["name"] for tool in tools]
+    assert len(names) == k and len(set(names)) == k, names
+    pointers = {tool.name: tool.pointer for tool in registry.tools}
+    for rank, tool in enumerate(tools, start=1):
+        assert tool["rank"] == rank
+        assert tool["name"] in pointers, f"{tool['name']} is not in registry {registry.name}"
+        assert tool["pointer"] == pointers[tool["name"]]
+    assert body["usage"]["decision_points"] <= body["usage"]["forward_passes"]
+
+
+def same_answer(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """The same tools in the same order; scores equal up to float rounding between batch compositions."""
+    return ([(t["name"], t["pointer"]) for t in a["tools"]] == [(t["name"], t["pointer"]) for t in b["tools"]]
+            and all(abs(x["score"] - y["score"]) < 2e-3 for x, y in zip(a["tools"], b["tools"], strict=True)))
+
+
+# -- no network beyond loopback -----------------------------------------------------------------------------------
+
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+
+
+def _check_loopback(address: Any) -> None:
+    if isinstance(address, tuple) and not ipaddress.ip_address(address[0]).is_loopback:
+        raise AssertionError(f"tried to connect beyond loopback: {address}")
+
+
+def _loopback_connect(self: socket.socket, address: Any) -> None:
+    _check_loopback(address)
+    _real_connect(self, address)
+
+
+def _loopback_connect_ex(self: socket.socket, address: Any) -> int:
+    _check_loopback(address)
+    return _real_connect_ex(self, address)
+
+
+@pytest.fixture(scope="module")
+def loopback_only() -> Iterator[None]:
+    """Fail any socket connection to an address outside 127.0.0.0/8 and ::1, for the whole module."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(socket.socket, "connect", _loopback_connect)
+        patch.setattr(socket.socket, "connect_ex", _loopback_connect_ex)
+        yield
