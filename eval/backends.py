@@ -1,0 +1,233 @@
+"""The evaluation arms that run on a CPU: one class each, all answering a batch of queries that share a k.
+
+- ``engine``: tooltrie's own engine (prefix cache, sparse head, forced chains), constrained by the artifact;
+- ``unconstrained``: the same engine with ``constrained=False`` (plain greedy over the full head);
+- ``hf``: transformers ``generate`` with ``TrieLogitsProcessor``, the drop-in for any HF pipeline;
+- ``xgrammar``: transformers ``generate`` with XGrammar's logits processor over the artifact's exactly-k EBNF
+  (``compiler/ebnf.py``), the very grammar vLLM's structured outputs would get: it cannot forbid repeats.
+
+Every arm feeds the model the same prompt (``serve.prompt.Prompt``, tokenized whole) and is read back as text, which
+the harness scores through the contract's ``parse``. The vLLM arms are in ``vllm_backend.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tooltrie.compiler.artifact import Artifact
+from tooltrie.compiler.ebnf import exactly_k_ebnf
+from tooltrie.compiler.tokenizer_info import TokenizerInfo
+from tooltrie.eval.datasets import LabelledQuery
+from tooltrie.serve.prompt import Prompt
+
+
+@dataclass
+class Prediction:
+    """One arm's answer to one query, as the harness scores it."""
+
+    text: str  # the answer's text without the stop token: what ``Contract.parse`` reads
+    token_ids: list[int]  # the generated tokens (stop token included when it was emitted)
+    finish_reason: str  # "stop" | "length" | "error"
+
+
+@dataclass
+class EvalSetup:
+    """What every arm shares: the model, its tokenizer, the artifact and the prompt."""
+
+    model: Any
+    tokenizer: TokenizerInfo
+    artifact: Artifact
+    prompt: Prompt
+    batch_size: int = 8
+    max_new_tokens: int = 48  # for unconstrained decoding (constrained answers end by themselves)
+    model_path: Path | None = None  # for engines that load the model themselves (vLLM)
+    artifact_path: Path | None = None  # for engines that load the artifact themselves (vLLM)
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def prompt_ids(self, query: LabelledQuery) -> list[int]:
+        """The whole prompt, tokenized in one piece (as the engine does)."""
+        registry, contract = self.artifact.registry, self.artifact.contract
+        return self.tokenizer.encode(self.prompt.text(registry, contract, query.query, query.k))
+
+    def answer_budget(self, k: int) -> int:
+        """Enough new tokens for any answer of k tools and its stop token, in the trie's canonical tokens."""
+        return k * (self.artifact.trie.max_depth + 1) + 1
+
+    def grammar_budget(self, k: int) -> int:
+        """Enough for any answer a string-level grammar allows: it may spell a name in any tokenization, down to
+        one token per byte."""
+        longest = max(len(name.encode("utf-8")) for name in self.artifact.registry.names)
+        return k * longest + (k - 1) * len(self.artifact.contract.separator.encode("utf-8")) + 1
+
+
+class Arm:
+    """An evaluation arm: answers a batch of queries that all have the same k."""
+
+    name = ""
+
+    def __init__(self, setup: EvalSetup) -> None:
+        self.setup = setup
+        self._prefixes: dict[int, tuple[list[int], Any]] = {}
+
+    def predict(self, queries: Sequence[LabelledQuery]) -> list[Prediction]:
+        raise NotImplementedError
+
+
+class EngineArm(Arm):
+    name = "engine"
+    constrained = True
+
+    @functools.cached_property
+    def engine(self) -> Any:
+        from tooltrie.serve.engine import Engine
+
+        s = self.setup
+        return Engine(s.model, s.tokenizer, s.artifact, max_batch=s.batch_size, prompt=s.prompt)
+
+    def predict(self, queries: Sequence[LabelledQuery]) -> list[Prediction]:
+        from tooltrie.serve.engine import Request
+
+        requests = [Request(q.query, q.k, constrained=self.constrained, max_new_tokens=self.setup.max_new_tokens)
+                    for q in queries]
+        return [Prediction(text=a.text, token_ids=list(a.token_ids), finish_reason=a.finish_reason)
+                for a in self.engine.run(requests)]
+
+
+class UnconstrainedArm(EngineArm):
+    name = "unconstrained"
+    constrained = False
+
+
+class GenerateArm(Arm):
+    """Greedy ``model.generate`` under a logits processor made per call, one query at a time from a cached prompt
+    prefix (transformers' prefix-caching recipe: a copy of the shared prefix's key/value cache per call), so the
+    catalog prompt is not recomputed for every query."""
+
+    def processor(self, k: int) -> Any:
+        raise NotImplementedError
+
+    def budget(self, k: int) -> int:
+        return self.setup.answer_budget(k)
+
+    def predict(self, queries: Sequence[LabelledQuery]) -> list[Prediction]:
+        return [self._generate(query) for query in queries]
+
+    def _prefix(self, k: int) -> tuple[list[int], Any]:
+        """The shared prompt prefix's ids and key/value cache, computed once per k."""
+        if k not in self._prefixes:
+            registry, contract = self.setup.artifact.registry, self.setup.artifact.contract
+            prefix_ids = self.setup.tokenizer.encode(self.setup.prompt.parts(registry, contract, k)[0])
+            with torch.inference_mode():
+                cache = self.setup.model(input_ids=torch.tensor([prefix_ids]), use_cache=True).past_key_values
+            self._prefixes[k] = (prefix_ids, cache)
+        return self._prefixes[k]
+
+    def _generate(self, query: LabelledQuery) -> Prediction:
+        from transformers import LogitsProcessorList
+
+        ids = self.setup.prompt_ids(query)
+        prefix_ids, prefix_cache = self._prefix(query.k)
+        # The prompt is tokenized whole; the cached prefix serves as far as the two agree, and at least one prompt
+        # token is left for generate to feed.
+        shared = min(_common_length(prefix_ids, ids), len(ids) - 1)
+        cache = copy.deepcopy(prefix_cache)
+        if shared < len(prefix_ids):
+            cache.crop(shared - len(prefix_ids))  # a negative count: drop that many tokens from the end
+        eos = self.setup.artifact.eos_id
+        with torch.inference_mode():
+            out = self.setup.model.generate(
+                torch.tensor([ids]), attention_mask=torch.ones((1, len(ids)), dtype=torch.long),
+                past_key_values=cache, do_sample=False, eos_token_id=eos, pad_token_id=eos,
+                max_new_tokens=self.budget(query.k),
+                logits_processor=LogitsProcessorList([self.processor(query.k)]))
+        return self._prediction(out[0, len(ids):].tolist())
+
+    def _prediction(self, generated: list[int]) -> Prediction:
+        eos = self.setup.artifact.eos_id
+        if eos in generated:
+            tokens = generated[: generated.index(eos) + 1]
+            return Prediction(self.setup.tokenizer.decode(tokens[:-1]), tokens, "stop")
+        return Prediction(self.setup.tokenizer.decode(generated), generated, "length")
+
+
+class HfArm(GenerateArm):
+    name = "hf"
+
+    def processor(self, k: int) -> Any:
+        from tooltrie.serve.hf import TrieLogitsProcessor
+
+        return TrieLogitsProcessor(self.setup.artifact, k)
+
+
+class XGrammarArm(GenerateArm):
+    """XGrammar on the exactly-k EBNF, on CPU: what the string-level stack (and vLLM's ``xgrammar`` backend) can
+    express of the contract. Repeats slip through it; the scoring counts them."""
+
+    name = "xgrammar"
+
+    def __init__(self, setup: EvalSetup) -> None:
+        super().__init__(setup)
+        self._grammars: dict[int, Any] = {}
+
+    @functools.cached_property
+    def _compiler(self) -> Any:
+        import xgrammar
+        from transformers import PreTrainedTokenizerFast
+
+        hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=self.setup.tokenizer.tokenizer)  # type: ignore[no-untyped-call]
+        vocab = int(self.setup.model.get_output_embeddings().weight.shape[0])
+        info = xgrammar.TokenizerInfo.from_huggingface(hf_tokenizer, vocab_size=vocab,
+                                                       stop_token_ids=[self.setup.artifact.eos_id])
+        return xgrammar.GrammarCompiler(info)
+
+    def budget(self, k: int) -> int:
+        return self.setup.grammar_budget(k)
+
+    def grammar(self, k: int) -> str:
+        artifact = self.setup.artifact
+        return exactly_k_ebnf(artifact.registry.names, k, artifact.contract)
+
+    def processor(self, k: int) -> Any:
+        from xgrammar.contrib.hf import LogitsProcessor
+
+        if k not in self._grammars:
+            self._grammars[k] = self._compiler.compile_grammar(self.grammar(k))
+        return LogitsProcessor(self._grammars[k])  # one-shot: a new one per generate call
+
+
+ARMS: dict[str, Callable[[EvalSetup], Arm]] = {
+    "engine": EngineArm,
+    "hf": HfArm,
+    "unconstrained": UnconstrainedArm,
+    "xgrammar": XGrammarArm,
+}
+
+
+def make_arm(name: str, setup: EvalSetup) -> Arm:
+    if name in ARMS:
+        return ARMS[name](setup)
+    if name in VLLM_ARMS:
+        from tooltrie.eval.vllm_backend import VllmArm
+
+        return VllmArm(setup, mode=VLLM_ARMS[name])
+    raise ValueError(f"unknown arm {name!r}; choose from {', '.join([*ARMS, *VLLM_ARMS])}")
+
+
+# vLLM arms (GPU only): our logits processor, vLLM's xgrammar structured outputs, and no constraint.
+VLLM_ARMS = {"vllm": "trie", "vllm-xgrammar": "grammar", "vllm-unconstrained": "none"}
+
+
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    length = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        length += 1
+    return length

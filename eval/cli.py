@@ -1,0 +1,161 @@
+"""The ``tooltrie`` subcommands of evaluation and training data: ``gen-data``, ``eval`` and ``grammar``."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tooltrie.eval.datasets import BUNDLED
+
+DEFAULT_EVAL_ARMS = "engine,hf,unconstrained,xgrammar"
+
+
+def add_commands(commands: Any) -> None:
+    """Register the subcommands on ``tooltrie``'s subparsers."""
+    gen = commands.add_parser("gen-data", help="regenerate training data from a registry and labelled queries")
+    gen.add_argument("--registry", type=Path, default=None, help="registry file (default: the bundled catalog)")
+    gen.add_argument("--artifact", type=Path, default=None,
+                     help="compiled artifact of that registry (default: compiled, through the cache)")
+    gen.add_argument("--tokenizer", default=None, help="tokenizer (default: the artifact's, else smollm2-135m)")
+    gen.add_argument("--queries", action="append", default=None,
+                     help=f"a bundled set ({', '.join(BUNDLED)}) or a JSONL file of {{query, tools}}; repeatable "
+                          "(default: the catalog's two MetaTool sets, or bfcl for the BFCL registry)")
+    gen.add_argument("--exclude", action="append", type=Path, default=[],
+                     help="a JSONL file whose queries must never be trained on (bundled test splits always are)")
+    gen.add_argument("--prompt-style", default="short", help="prompt style: short (default) or catalog")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--validation-fraction", type=float, default=0.05, help="of a user file (default 0.05)")
+    gen.add_argument("--no-descriptions", dest="descriptions", action="store_false",
+                     help="leave out the tool descriptions as training queries")
+    gen.add_argument("-o", "--output", type=Path, required=True, help="directory to write (replaced atomically)")
+    gen.set_defaults(run=_gen_data)
+
+    ev = commands.add_parser("eval", help="score a model and an artifact on labelled queries, per arm")
+    ev.add_argument("--dataset", default="metatool-single",
+                    help="NAME[:SPLIT] of a bundled set (default split: test) or a JSONL file of {query, tools}")
+    ev.add_argument("--arms", default=DEFAULT_EVAL_ARMS,
+                    help=f"comma-separated: engine, hf, unconstrained, xgrammar, vllm, vllm-xgrammar, "
+                         f"vllm-unconstrained (default: {DEFAULT_EVAL_ARMS})")
+    ev.add_argument("--registry", type=Path, default=None, help="registry file (default: the dataset's)")
+    ev.add_argument("--artifact", type=Path, default=None, help="compiled artifact (default: compiled, cached)")
+    ev.add_argument("--model", default=None, help="local Hugging Face causal-LM directory (default: SmolLM2)")
+    ev.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
+    ev.add_argument("--prompt-style", default=None, help="catalog or short (default: what the model expects)")
+    ev.add_argument("--batch", type=int, default=8, help="answers per batch (default 8)")
+    ev.add_argument("--limit", type=int, default=None, help="evaluate the first N queries only")
+    ev.add_argument("--sample", type=int, default=None,
+                    help="evaluate N evenly spaced queries (a test split is grouped by gold tool: this keeps them all)")
+    ev.add_argument("--max-new-tokens", type=int, default=48, help="for unconstrained arms (default 48)")
+    ev.add_argument("--no-plots", dest="plots", action="store_false")
+    ev.add_argument("-o", "--output", type=Path, required=True, help="directory for results.json, report.md, PNGs")
+    ev.set_defaults(run=_eval)
+
+    grammar = commands.add_parser("grammar", help="write the artifact's exactly-k EBNF (what vLLM/XGrammar get)")
+    grammar.add_argument("artifact", type=Path)
+    grammar.add_argument("--k", type=int, required=True)
+    grammar.add_argument("-o", "--output", type=Path, default=None, help="file to write (default: stdout)")
+    grammar.set_defaults(run=_grammar)
+
+
+def _registry_and_artifact(registry_path: Path | None, artifact_path: Path | None, tokenizer_source: str | None,
+                           default_registry: Path) -> tuple[Any, Any]:
+    from tooltrie.compiler import Artifact, TokenizerInfo, compile_cached
+    from tooltrie.registry import load_registry
+
+    if artifact_path is not None:
+        artifact = Artifact.load(artifact_path)
+        tokenizer = TokenizerInfo.load(tokenizer_source or artifact.tokenizer_meta["source"])
+        registry = load_registry(registry_path) if registry_path else None
+        artifact.check_compatible(tokenizer=tokenizer, registry=registry, where=str(artifact_path))
+        return tokenizer, artifact
+    tokenizer = TokenizerInfo.load(tokenizer_source)
+    return tokenizer, compile_cached(load_registry(registry_path or default_registry), tokenizer)
+
+
+def _gen_data(args: argparse.Namespace) -> int:
+    from tooltrie.eval.datasets import registry_path
+    from tooltrie.eval.training_data import generate_training_data
+    from tooltrie.registry import CATALOG_PATH
+
+    tokenizer, artifact = _registry_and_artifact(args.registry, args.artifact, args.tokenizer, CATALOG_PATH)
+    queries = args.queries
+    if queries is None:  # the bundled sets labelled over this registry, if it is a bundled one
+        queries = [name for name in BUNDLED if _sha(registry_path(name)) == artifact.registry.sha256]
+    meta = generate_training_data(args.output, artifact=artifact, tokenizer=tokenizer, queries=queries,
+                                  prompt_style=args.prompt_style, seed=args.seed,
+                                  validation_fraction=args.validation_fraction, descriptions=args.descriptions,
+                                  exclude=args.exclude)
+    counts = meta["counts"]
+    print(f"{args.output}: {counts['train']} train, {counts['validation']} validation records "
+          f"({counts['dropped_held_out']} held-out texts dropped); registry {meta['registry']['name']}, "
+          f"prompt {meta['prompt']['style']}", file=sys.stderr)
+    return 0
+
+
+@functools.cache
+def _sha(path: Path) -> str:
+    from tooltrie.registry import load_registry
+
+    return load_registry(path).sha256
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as transformers_logging
+
+    from tooltrie.eval.backends import EvalSetup
+    from tooltrie.eval.datasets import check_labels, load_split, registry_path
+    from tooltrie.eval.harness import evaluate
+    from tooltrie.eval.report import write_results
+    from tooltrie.registry import CATALOG_PATH
+    from tooltrie.serve.model import load_model
+    from tooltrie.serve.prompt import Prompt
+
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    name, _, split = args.dataset.partition(":")
+    bundled = name in BUNDLED
+    queries = load_split(name, split or ("test" if bundled else "all"))
+    if args.limit is not None:
+        queries = queries[: args.limit]
+    if args.sample is not None and args.sample < len(queries):
+        queries = [queries[i * len(queries) // args.sample] for i in range(args.sample)]
+    model, info = load_model(args.model)
+    tokenizer, artifact = _registry_and_artifact(
+        args.registry, args.artifact, args.tokenizer or info.tokenizer,
+        registry_path(name) if bundled else CATALOG_PATH)
+    check_labels(queries, artifact.registry)
+    style = args.prompt_style or info.prompt_style
+    setup = EvalSetup(model=model, tokenizer=tokenizer, artifact=artifact, prompt=Prompt.style(style),
+                      batch_size=args.batch, max_new_tokens=args.max_new_tokens, model_path=info.path,
+                      artifact_path=args.artifact)
+    arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+    meta = {"dataset": name if bundled else str(name), "split": split or ("test" if bundled else "all"),
+            "model": info.name, "model_fingerprint": info.fingerprint, "prompt_style": style, "limit": args.limit,
+            "sample": args.sample}
+    results = evaluate(queries, arms, setup, meta=meta)
+    paths = write_results(results, args.output, plots=args.plots)
+    for arm, data in results["arms"].items():
+        summary = data["summary"]
+        print(json.dumps({"arm": arm, **{k: summary[k] for k in ("exact", "valid", "hallucinated", "repeated",
+                                                                  "latency_median_ms")}}))
+    print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    return 0
+
+
+def _grammar(args: argparse.Namespace) -> int:
+    from tooltrie.compiler import Artifact
+    from tooltrie.compiler.ebnf import exactly_k_ebnf
+    from tooltrie.eval.files import write_text
+    from tooltrie.kernels.state import check_k
+
+    artifact = Artifact.load(args.artifact)
+    check_k(args.k, len(artifact.registry), where="--k")
+    text = exactly_k_ebnf(artifact.registry.names, args.k, artifact.contract) + "\n"
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        write_text(args.output, text)
+    return 0

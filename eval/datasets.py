@@ -1,0 +1,235 @@
+"""Labelled query sets: the bundled MetaTool and BFCL queries with a fixed held-out test split, and user JSONL files.
+
+A labelled query is ``{"query": str, "tools": [names]}`` (one JSON object per line; an optional ``"k"`` must equal
+the number of tools). Bundled (``eval/data/``, see ``eval/data/ATTRIBUTION.md``):
+
+================  ==============================  ==========  ===============================  ============
+name              file                            registry    stratum (a group of the split)   test rule
+================  ==============================  ==========  ===============================  ============
+metatool-single   metatool/queries_single_47      catalog     the gold tool (47)               10 per tool
+metatool-multi    metatool/queries_multi_k2       catalog     the unordered gold pair (88)     20 %
+bfcl              bfcl/queries (labelled only)    bfcl        the BFCL category (10)           10 %
+================  ==============================  ==========  ===============================  ============
+
+**The split rule** (fixed, deterministic, no seed): within each stratum, queries are ordered by the sha256 of their
+normalized text (``normalize``: NFKC, case-folded, whitespace collapsed), ties by line. The first ones are the test
+split: a fixed count, or a fraction rounded half up and at least one. The test texts of *every* bundled set are then
+withheld from every other split of every set, so a text that is tested anywhere is never trained on. What remains
+of the set, in the same hash order (not by stratum), gives its first 5 % (rounded half up) to the validation split;
+the rest, less any text already in validation, is the train split. Sizes (test / validation / train): 470 / 507 /
+9,638 (metatool-single), 118 / 19 / 360 (metatool-multi), 250 / 112 / 2,137 (bfcl); a test pins the test splits.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import hashlib
+import json
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tooltrie.errors import TooltrieError
+from tooltrie.registry import BFCL_PATH, CATALOG_PATH, Registry
+
+DATA_DIR = Path(__file__).with_name("data")
+SPLITS = ("train", "validation", "test")
+VALIDATION_FRACTION = 0.05
+
+
+class DatasetError(TooltrieError, ValueError):
+    """A labelled query file is malformed, or a label cannot be answered under a registry; names file:line."""
+
+
+@dataclass(frozen=True)
+class LabelledQuery:
+    """A query and its gold tools, in order; ``where`` is ``file:line`` for error messages."""
+
+    query: str
+    tools: tuple[str, ...]
+    where: str = ""
+    category: str = ""  # BFCL's category; empty elsewhere
+
+    @property
+    def k(self) -> int:
+        return len(self.tools)
+
+    @functools.cached_property
+    def text_hash(self) -> str:
+        return text_hash(self.query)
+
+
+@dataclass(frozen=True)
+class _Bundled:
+    file: str
+    registry: Path
+    stratum: str  # "tool" | "tool-set" | "category"
+    test_count: int = 0  # per stratum; else test_fraction
+    test_fraction: float = 0.0
+
+
+BUNDLED: dict[str, _Bundled] = {
+    "metatool-single": _Bundled("metatool/queries_single_47.jsonl", CATALOG_PATH, "tool", test_count=10),
+    "metatool-multi": _Bundled("metatool/queries_multi_k2.jsonl", CATALOG_PATH, "tool-set", test_fraction=0.2),
+    "bfcl": _Bundled("bfcl/queries.jsonl", BFCL_PATH, "category", test_fraction=0.1),
+}
+
+
+def normalize(text: str) -> str:
+    """The form two queries are compared in (for leaks and for the split order).
+
+    >>> normalize("  What's the\\tweather  in PARIS? ")
+    "what's the weather in paris?"
+    """
+    return re.sub(r"\s+", " ", unicodedata.normalize("NFKC", text).casefold()).strip()
+
+
+def text_hash(text: str) -> str:
+    return hashlib.sha256(normalize(text).encode("utf-8")).hexdigest()
+
+
+def registry_path(name: str) -> Path:
+    """The bundled registry whose tool names a bundled set's labels use."""
+    return _bundled(name).registry
+
+
+def load_split(name: str, split: str) -> list[LabelledQuery]:
+    """A bundled set's ``split`` ("train", "validation", "test"), or with ``split="all"`` every query.
+
+    A path to a JSONL file is read whole (``split`` must be "all"): a user's own set is theirs to split.
+
+    >>> len(load_split("metatool-single", "test")), len(load_split("metatool-multi", "test"))
+    (470, 118)
+    """
+    if name not in BUNDLED:
+        if split != "all":
+            raise DatasetError(f"{name}: only a bundled set ({', '.join(BUNDLED)}) has splits; "
+                               f"a JSONL file is read whole (split 'all'), asked for {split!r}")
+        return load_queries(name)
+    if split == "all":
+        return list(_read_bundled(name))
+    if split not in SPLITS:
+        raise DatasetError(f"{name}: unknown split {split!r}; choose one of {', '.join((*SPLITS, 'all'))}")
+    return list(_splits(name)[split])
+
+
+def load_queries(path: str | Path) -> list[LabelledQuery]:
+    """Read a JSONL file of ``{"query", "tools"[, "k"]}`` objects; blank lines are skipped."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: no such labelled query file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DatasetError(f"{path}: cannot read it as UTF-8 text: {exc}") from None
+    queries = [_parse_line(line, f"{path}:{number}") for number, line in enumerate(lines, 1) if line.strip()]
+    if not queries:
+        raise DatasetError(f"{path}: no labelled queries in it")
+    return queries
+
+
+def check_labels(queries: Iterable[LabelledQuery], registry: Registry) -> None:
+    """Refuse a label the registry's trie cannot express: an unknown or repeated tool, or k outside 1..tools."""
+    known = set(registry.names)
+    for item in queries:
+        where = item.where or repr(item.query[:40])
+        for name in item.tools:
+            if name not in known:
+                close = difflib.get_close_matches(name, registry.names, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise DatasetError(f"{where}: tool {name!r} is not in registry {registry.name!r}{hint}")
+        repeated = sorted({name for name in item.tools if item.tools.count(name) > 1})
+        if repeated:
+            raise DatasetError(f"{where}: tool(s) {', '.join(repeated)} named more than once; an answer has "
+                               "distinct tools")
+        if not 1 <= item.k <= len(registry):
+            raise DatasetError(f"{where}: {item.k} tools; an answer has 1 to {len(registry)} (the registry's size)")
+
+
+def held_out_hashes() -> frozenset[str]:
+    """The normalized-text hashes of every bundled test query: never trained on."""
+    return frozenset(item.text_hash for name in BUNDLED for item in _test(name))
+
+
+def split_digest(queries: Sequence[LabelledQuery]) -> str:
+    """A digest of a split's content (texts and labels, in order), pinned by a test."""
+    digest = hashlib.sha256()
+    for item in queries:
+        digest.update(json.dumps([item.text_hash, list(item.tools)]).encode())
+    return digest.hexdigest()
+
+
+# --- internals -------------------------------------------------------------------------------------------------
+
+
+def _bundled(name: str) -> _Bundled:
+    if name not in BUNDLED:
+        raise DatasetError(f"unknown bundled query set {name!r}; choose one of {', '.join(BUNDLED)}")
+    return BUNDLED[name]
+
+
+def _parse_line(line: str, where: str) -> LabelledQuery:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DatasetError(f"{where}: not JSON: {exc.msg}") from None
+    if not isinstance(record, dict):
+        raise DatasetError(f"{where}: expected an object {{\"query\", \"tools\"}}, got {type(record).__name__}")
+    query, tools = record.get("query"), record.get("tools")
+    if not isinstance(query, str) or not query.strip():
+        raise DatasetError(f"{where}: 'query' must be a non-empty string")
+    if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
+        raise DatasetError(f"{where}: 'tools' must be a list of tool names")
+    if not tools:
+        raise DatasetError(f"{where}: 'tools' is empty; every labelled query needs at least one gold tool")
+    k = record.get("k", len(tools))
+    if k != len(tools):
+        raise DatasetError(f"{where}: 'k' is {k!r} but {len(tools)} tools are given")
+    category = record.get("category", "")
+    return LabelledQuery(query=query, tools=tuple(tools), where=where,
+                         category=category if isinstance(category, str) else "")
+
+
+@functools.cache
+def _read_bundled(name: str) -> tuple[LabelledQuery, ...]:
+    spec = _bundled(name)
+    return tuple(load_queries(DATA_DIR / spec.file))
+
+
+def _strata(name: str) -> list[list[LabelledQuery]]:
+    """The set's queries by stratum (strata in first-seen order), each ordered by text hash, then line."""
+    spec = _bundled(name)
+    groups: dict[object, list[tuple[str, int, LabelledQuery]]] = {}
+    for line, item in enumerate(_read_bundled(name)):
+        key: object = {"tool": item.tools, "tool-set": frozenset(item.tools), "category": item.category}[spec.stratum]
+        groups.setdefault(key, []).append((item.text_hash, line, item))
+    return [[item for _, _, item in sorted(group, key=lambda e: (e[0], e[1]))] for group in groups.values()]
+
+
+def _round_half_up(value: float) -> int:
+    return int(value + 0.5)
+
+
+@functools.cache
+def _test(name: str) -> tuple[LabelledQuery, ...]:
+    spec = _bundled(name)
+    test: list[LabelledQuery] = []
+    for group in _strata(name):
+        count = spec.test_count or max(1, _round_half_up(len(group) * spec.test_fraction))
+        test += group[:count]
+    return tuple(test)
+
+
+@functools.cache
+def _splits(name: str) -> dict[str, tuple[LabelledQuery, ...]]:
+    withheld = held_out_hashes()
+    remaining = sorted(((item.text_hash, line, item) for line, item in enumerate(_read_bundled(name))
+                        if item.text_hash not in withheld), key=lambda e: (e[0], e[1]))
+    count = _round_half_up(len(remaining) * VALIDATION_FRACTION)
+    validation = [item for _, _, item in remaining[:count]]
+    seen = {item.text_hash for item in validation}
+    train = [item for _, _, item in remaining[count:] if item.text_hash not in seen]
+    return {"train": tuple(train), "validation": tuple(validation), "test": _test(name)}

@@ -1,0 +1,94 @@
+"""The vLLM arms (GPU machines with ``pip install tooltrie[vllm]``): offline ``LLM`` with three kinds of request.
+
+- ``vllm``: our constraint as a vLLM logits processor (``vllm_processors.py``), built from the same artifact file;
+- ``vllm-xgrammar``: ``StructuredOutputsParams(grammar=exactly_k_ebnf(...))`` through vLLM's xgrammar backend: what
+  the string-level stack can express (repeats slip through);
+- ``vllm-unconstrained``: plain greedy.
+
+One ``LLM`` per model serves all three (per-request ``extra_args`` switch our processor on; the grammar is
+per-request too), so the arms share weights, prefix cache and settings. Prompts are passed as token ids, the same
+ids the engine feeds (``EvalSetup.prompt_ids``).
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tooltrie.compiler.ebnf import exactly_k_ebnf
+from tooltrie.errors import TooltrieError
+from tooltrie.eval.backends import Arm, EvalSetup, Prediction
+from tooltrie.eval.datasets import LabelledQuery
+
+MODES = ("trie", "grammar", "none")
+
+
+class VllmArm(Arm):
+    def __init__(self, setup: EvalSetup, *, mode: str, llm: Any | None = None) -> None:
+        super().__init__(setup)
+        if mode not in MODES:
+            raise ValueError(f"unknown vLLM mode {mode!r}; choose from {MODES}")
+        self.mode = mode
+        self.name = {"trie": "vllm", "grammar": "vllm-xgrammar", "none": "vllm-unconstrained"}[mode]
+        self._llm = llm
+
+    @property
+    def llm(self) -> Any:
+        if self._llm is None:
+            if self.setup.model_path is None:
+                raise TooltrieError("the vLLM arms need the model as a directory (config.json + weights)")
+            self._llm = shared_llm(str(self.setup.model_path), **self.setup.options.get("vllm", {}))
+        return self._llm
+
+    @functools.cached_property
+    def artifact_path(self) -> str:
+        """The artifact as a file, for the logits processor to load (in vLLM's worker process)."""
+        if self.setup.artifact_path is not None:
+            return str(self.setup.artifact_path)
+        directory = Path(tempfile.mkdtemp(prefix="tooltrie-vllm-"))
+        return str(self.setup.artifact.save(directory / "artifact.safetensors"))
+
+    def sampling_params(self, k: int) -> Any:
+        from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+
+        eos = self.setup.artifact.eos_id
+        common: dict[str, Any] = {"temperature": 0.0, "stop_token_ids": [eos], "skip_special_tokens": False}
+        if self.mode == "trie":
+            from tooltrie.eval.vllm_processors import request_args
+
+            return SamplingParams(max_tokens=self.setup.answer_budget(k),
+                                  extra_args=request_args(self.artifact_path, k), **common)
+        if self.mode == "grammar":
+            artifact = self.setup.artifact
+            grammar = exactly_k_ebnf(artifact.registry.names, k, artifact.contract)
+            return SamplingParams(max_tokens=self.setup.grammar_budget(k),
+                                  structured_outputs=StructuredOutputsParams(grammar=grammar), **common)
+        return SamplingParams(max_tokens=self.setup.max_new_tokens, **common)
+
+    def predict(self, queries: Sequence[LabelledQuery]) -> list[Prediction]:
+        (k,) = {q.k for q in queries}
+        prompts = [{"prompt_token_ids": self.setup.prompt_ids(q)} for q in queries]
+        outputs = self.llm.generate(prompts, self.sampling_params(k), use_tqdm=False)
+        eos = self.setup.artifact.eos_id
+        predictions = []
+        for output in outputs:
+            tokens = [int(t) for t in output.outputs[0].token_ids]
+            answer = tokens[: tokens.index(eos)] if eos in tokens else tokens
+            reason = "stop" if eos in tokens else (output.outputs[0].finish_reason or "length")
+            predictions.append(Prediction(self.setup.tokenizer.decode(answer), tokens, reason))
+        return predictions
+
+
+@functools.cache
+def shared_llm(model_path: str, **options: Any) -> Any:
+    """One ``LLM`` per model and process, with our logits processor registered and xgrammar for grammars."""
+    from vllm import LLM
+
+    from tooltrie.eval.vllm_processors import processor_class
+
+    settings: dict[str, Any] = {"seed": 0, "enable_prefix_caching": True, "gpu_memory_utilization": 0.5,
+                                "structured_outputs_config": {"backend": "xgrammar"}, **options}
+    return LLM(model=model_path, tokenizer=model_path, logits_processors=[processor_class()], **settings)

@@ -1,0 +1,113 @@
+"""The evaluation harness end to end on CPU with the tiny model: every arm answers, the constrained arms are valid,
+the engine and ``generate`` + ``TrieLogitsProcessor`` agree, the XGrammar arm's grammar lets repeats through, and
+the results come out as JSON, Markdown and PNG side by side (also through ``tooltrie eval``)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from serve_fixtures import tiny_model
+
+from tooltrie.cli import main
+from tooltrie.compiler import Artifact, TokenizerInfo
+from tooltrie.compiler.ebnf import exactly_k_ebnf
+from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR
+from tooltrie.eval.backends import EvalSetup, XGrammarArm
+from tooltrie.eval.constraint import RequestConstraint
+from tooltrie.eval.datasets import load_split
+from tooltrie.eval.harness import evaluate
+from tooltrie.eval.report import write_results
+from tooltrie.serve.prompt import Prompt
+
+ARMS = ["engine", "hf", "unconstrained", "xgrammar"]
+
+
+@pytest.fixture(scope="module")
+def setup(catalog_artifact: Artifact, smollm: TokenizerInfo) -> EvalSetup:
+    return EvalSetup(model=tiny_model(), tokenizer=smollm, artifact=catalog_artifact, prompt=Prompt.style("short"),
+                     batch_size=2, max_new_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def results(setup: EvalSetup) -> dict[str, Any]:
+    queries = load_split("metatool-single", "test")[:3] + load_split("metatool-multi", "test")[:2]
+    return evaluate(queries, ARMS, setup, progress=False, meta={"dataset": "metatool-mixed", "split": "test"})
+
+
+def test_every_arm_answers_every_query(results: dict[str, Any]) -> None:
+    assert list(results["arms"]) == ARMS
+    assert len(results["answers"]) == 5
+    for answer in results["answers"]:
+        assert set(ARMS) <= set(answer)
+    assert results["settings"]["ks"] == [1, 2]
+    assert set(results["arms"]["engine"]["by_k"]) == {"1", "2"}
+
+
+@pytest.mark.parametrize("arm", ["engine", "hf"])
+def test_constrained_arms_are_always_valid(results: dict[str, Any], arm: str) -> None:
+    summary = results["arms"][arm]["summary"]
+    assert summary["valid"] == summary["trie_accepted"] == 1.0
+    assert summary["hallucinated"] == summary["repeated"] == summary["wrong_count"] == 0.0
+
+
+def test_engine_and_generate_with_our_processor_give_the_same_answers(results: dict[str, Any]) -> None:
+    assert [a["engine"]["text"] for a in results["answers"]] == [a["hf"]["text"] for a in results["answers"]]
+
+
+def test_unconstrained_arm_is_scored_by_parse(results: dict[str, Any]) -> None:
+    summary = results["arms"]["unconstrained"]["summary"]
+    for answer in results["answers"]:  # whatever it said, it was parsed as the contract says
+        assert answer["unconstrained"]["predicted"] == (answer["unconstrained"]["text"].split(", ")
+                                                        if answer["unconstrained"]["text"] else [])
+    assert summary["valid"] < 1.0  # a random model's free text is no answer
+
+
+def test_xgrammar_arm_gets_the_exactly_k_ebnf_and_lets_repeats_through(setup: EvalSetup) -> None:
+    import xgrammar
+
+    arm = XGrammarArm(setup)
+    artifact = setup.artifact
+    assert arm.grammar(2) == exactly_k_ebnf(artifact.registry.names, 2, artifact.contract)
+    repeated = [*setup.tokenizer.encode("NewsTool, NewsTool"), artifact.eos_id]
+    matcher = xgrammar.GrammarMatcher(arm._compiler.compile_grammar(arm.grammar(2)))
+    assert all(matcher.accept_token(t) for t in repeated) and matcher.is_terminated()
+    ours = RequestConstraint(artifact, 2)
+    ours.update(repeated)
+    assert ours.error is not None  # the trie refuses the second NewsTool
+
+
+def test_report_files_are_written_side_by_side(results: dict[str, Any], tmp_path: Path) -> None:
+    paths = write_results(results, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["accuracy.png", "latency.png", "report.md", "results.json"]
+    assert json.loads(paths["results"].read_text(encoding="utf-8"))["arms"].keys() == results["arms"].keys()
+    for png in ("accuracy", "latency"):
+        assert paths[png].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = paths["report"].read_text(encoding="utf-8")
+    assert "| arm | answers | exact-set |" in report and "By k:" in report
+    for arm in ARMS:
+        assert f"| {arm} | 5 |" in report
+    assert "![accuracy.png](accuracy.png)" in report
+
+
+def test_cli_eval_with_a_model_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: None,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("TOOLTRIE_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = tmp_path / "model"
+    tiny_model().save_pretrained(model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(BUNDLED_TOKENIZERS_DIR / "smollm2-135m" / name, model_dir / name)
+    queries = tmp_path / "q.jsonl"
+    queries.write_text('{"query": "weather in Oslo", "tools": ["WeatherTool"]}\n'
+                       '{"query": "stocks and news", "tools": ["FinanceTool", "NewsTool"]}\n', encoding="utf-8")
+    code = main(["eval", "--model", str(model_dir), "--dataset", str(queries), "--arms", "engine,unconstrained",
+                 "--prompt-style", "short", "--max-new-tokens", "4", "--no-plots", "-o", str(tmp_path / "out")])
+    assert code == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["arm"] for line in lines] == ["engine", "unconstrained"] and lines[0]["valid"] == 1.0
+    results = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
+    assert results["settings"]["prompt_style"] == "short" and results["settings"]["split"] == "all"
+    assert (tmp_path / "out" / "report.md").is_file() and not (tmp_path / "out" / "accuracy.png").exists()
