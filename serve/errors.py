@@ -30,6 +30,37 @@ class UnknownRegistryError(ServeError, LookupError):
     code = "unknown_registry"
 
 
+class UnauthorizedError(ServeError, PermissionError):
+    """No API key, or one the policy does not know (answered with ``WWW-Authenticate: Bearer``). The message never
+    quotes the key."""
+
+    status = 401
+    code = "unauthorized"
+
+    def __init__(self, message: str, *, invalid_token: bool = False) -> None:
+        super().__init__(message)
+        self.invalid_token = invalid_token  # a key was sent but is not valid (RFC 6750's error="invalid_token")
+
+    @property
+    def challenge(self) -> str:
+        return 'Bearer realm="tooltrie"' + (', error="invalid_token"' if self.invalid_token else "")
+
+
+class ForbiddenError(ServeError, PermissionError):
+    """The tenant may not do this: use a registry outside its policy, or reload one without ``admin``."""
+
+    status = 403
+    code = "forbidden"
+
+
+class RegistryChangedError(ServeError):
+    """The registry was reloaded while the request was decoding and the answer no longer fits the caller's policy
+    under the new version; it is withheld. Retrying gets an answer from the new version."""
+
+    status = 409
+    code = "registry_changed"
+
+
 class RegistryReloadError(ServeError, ValueError):
     """A reload found the registry file unreadable or uncompilable; the previous version keeps serving."""
 

@@ -3,6 +3,11 @@
 It takes the same arguments as ``POST /v1/discover`` and returns the same object as structured content (and as JSON
 text, for clients that read only text); a refused request is a tool error whose text says what is wrong. The
 transport runs stateless with JSON responses: each call is one POST, with no session held on the server.
+
+With a policy, the server's authentication middleware has already resolved the POST's ``Authorization: Bearer`` header
+to a tenant (or answered 401) and left it in the ASGI scope under ``TENANT_SCOPE_KEY``; the tool reads it from the
+HTTP request the transport hands to the call's context. With a policy the tool's description names no registry (a
+tenant lists its own with ``GET /v1/registries``).
 """
 
 from __future__ import annotations
@@ -10,21 +15,34 @@ from __future__ import annotations
 from typing import Annotated
 
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from tooltrie.serve.errors import ServeError
-from tooltrie.serve.schema import K_HELP, QUERY_HELP, REGISTRY_HELP, DiscoverResponse
+from tooltrie.serve.policy import Tenant
+from tooltrie.serve.schema import (
+    ALLOW_HELP,
+    DENY_HELP,
+    K_HELP,
+    PREFILTER_HELP,
+    QUERY_HELP,
+    REGISTRY_HELP,
+    DiscoverResponse,
+)
 from tooltrie.serve.service import DiscoveryRequest, DiscoveryService
 
 MCP_PATH = "/mcp"
 TOOL_NAME = "discover_tools"
+TENANT_SCOPE_KEY = "tooltrie.tenant"  # where the authentication middleware leaves the request's tenant
 
 
 def mcp_server(service: DiscoveryService) -> MCPServer:
     """An MCP server whose ``discover_tools`` asks ``service``."""
-    served = ", ".join(f"{summary['name']} ({summary['tools']} tools)" for summary in service.registries())
+    served = ("the ones your API key may use (GET /v1/registries)" if service.policy is not None else
+              ", ".join(f"{summary['name']} ({summary['tools']} tools)" for summary in service.registries())
+              + f"; default: {service.default_registry}")
     server: MCPServer = MCPServer(
         "tooltrie", instructions="Call discover_tools to find which registry tools answer a request.",
         log_level="WARNING")
@@ -32,14 +50,23 @@ def mcp_server(service: DiscoveryService) -> MCPServer:
     @server.tool(name=TOOL_NAME, annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
                  description=("Find the k tools of a tool registry that best answer a request, most relevant first: "
                               "exactly k distinct tools that exist in the registry, each with a pointer to where "
-                              f"it lives. Registries served: {served}; default: {service.default_registry}."))
+                              f"it lives. Registries served: {served}."))
     async def discover_tools(
         query: Annotated[str, Field(description=QUERY_HELP, strict=True)],
         k: Annotated[int, Field(description=K_HELP, strict=True)],
+        ctx: Context,
         registry: Annotated[str | None, Field(description=REGISTRY_HELP, strict=True)] = None,
+        allow: Annotated[list[str] | None, Field(description=ALLOW_HELP, strict=True)] = None,
+        deny: Annotated[list[str] | None, Field(description=DENY_HELP, strict=True)] = None,
+        prefilter: Annotated[int | None, Field(description=PREFILTER_HELP, strict=True)] = None,
     ) -> DiscoverResponse:
+        scope = getattr(ctx.request_context.request, "scope", {})
+        tenant = scope.get(TENANT_SCOPE_KEY)
+        ask = DiscoveryRequest(query, k, registry, allow=None if allow is None else tuple(allow),
+                               deny=tuple(deny or ()), prefilter=prefilter,
+                               tenant=tenant if isinstance(tenant, Tenant) else None)
         try:
-            body = await service.discover(DiscoveryRequest(query, k, registry))
+            body = await service.discover(ask)
         except ServeError as exc:
             raise ToolError(str(exc)) from exc
         return DiscoverResponse.model_validate(body)

@@ -15,7 +15,13 @@ _DEFAULTS = ServeLimits()
 QUERY_HELP = (f"What the agent wants to do, in words; non-empty, at most {_DEFAULTS.max_query_chars:,} characters "
               "(the server's default limit).")
 K_HELP = "How many tools to return: 1 to the number of tools in the registry; every answer has exactly k."
-REGISTRY_HELP = "The name of a registry this server serves (GET /v1/registries); by default, the first one."
+REGISTRY_HELP = ("The name of a registry this server serves (GET /v1/registries); by default, the first one (with "
+                 "a policy: the tenant's default).")
+ALLOW_HELP = ("Tool names or tags the answer may use (a tag: every tool carrying it). Narrows, never widens: with a "
+              "policy, an entry outside the tenant's tools is refused like one that does not exist.")
+DENY_HELP = "Tool names or tags the answer may not use."
+PREFILTER_HELP = ("Keep the top N tools (of those allowed) by embedding similarity to the query, then decode within "
+                  "them; N >= k, at most the registry's --prefilter setting. Default: that setting, else none.")
 
 
 class DiscoverBody(BaseModel):
@@ -27,6 +33,9 @@ class DiscoverBody(BaseModel):
     query: str = Field(description=QUERY_HELP)
     k: int = Field(description=K_HELP)
     registry: str | None = Field(default=None, description=REGISTRY_HELP)
+    allow: list[str] | None = Field(default=None, description=ALLOW_HELP)
+    deny: list[str] = Field(default_factory=list, description=DENY_HELP)
+    prefilter: int | None = Field(default=None, description=PREFILTER_HELP)
 
 
 class ToolPointer(BaseModel):
@@ -55,8 +64,8 @@ class DiscoverResponse(BaseModel):
 
 
 class ErrorDetail(BaseModel):
-    code: str = Field(description="invalid_request, malformed_json, body_too_large, unknown_registry, queue_full, "
-                                  "timeout, ...")
+    code: str = Field(description="invalid_request, malformed_json, body_too_large, unauthorized, forbidden, "
+                                  "unknown_registry, queue_full, timeout, ...")
     message: str = Field(description="what is wrong, in words")
 
 

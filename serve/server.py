@@ -4,9 +4,16 @@ Routes: ``POST /v1/discover``, ``GET /v1/registries``, ``POST /v1/registries/{na
 ``GET /metrics`` (Prometheus), ``/docs`` and ``/openapi.json`` (FastAPI), and MCP's streamable HTTP transport at
 ``/mcp`` (the ``discover_tools`` tool). ``tooltrie serve`` runs it with uvicorn (:func:`serve`).
 
-Every refusal is a 4xx whose body says what is wrong, ``{"error": {"code", "message"}}``: malformed JSON 400, an
-unknown registry 404, a body over the limit 413, wrong types or impossible values (k out of range, an empty or too
-long query) 422, a full queue 429 with ``Retry-After``; no answer in time is 504. The limits are ``ServeLimits``.
+Every refusal is a 4xx whose body says what is wrong, ``{"error": {"code", "message"}}``: malformed JSON 400, no
+or an unknown API key 401 (with ``WWW-Authenticate: Bearer``), a registry outside the tenant's policy 403, an unknown
+registry 404, a body over the limit 413, wrong types or impossible values (k out of range, an empty or too long
+query, an allow/deny entry that is not a tool or tag the caller may use, k over the allowed tools) 422, a full queue
+429 with ``Retry-After``; no answer in time is 504. The limits are ``ServeLimits``.
+
+With a policy (``policy.py``) every route but ``OPEN_PATHS`` (health, metrics, API docs: no tool data) needs
+``Authorization: Bearer <key>``, MCP included; :class:`_Authenticate` resolves the key to its tenant before any
+route runs, and the routes pass that tenant on to the service. Without one, the server is open and binds loopback
+only (``check_open_binding``).
 """
 
 from __future__ import annotations
@@ -26,10 +33,12 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tooltrie.serve.errors import QueueFullError, ServeError, UnavailableError
+from tooltrie.serve.errors import QueueFullError, ServeError, UnauthorizedError, UnavailableError
 from tooltrie.serve.limits import ServeLimits
-from tooltrie.serve.mcp_tools import MCP_PATH, mcp_server
+from tooltrie.serve.mcp_tools import MCP_PATH, TENANT_SCOPE_KEY, mcp_server
 from tooltrie.serve.metrics import ServeMetrics
+from tooltrie.serve.policy import Policy, Tenant, check_open_binding
+from tooltrie.serve.prefilter import Prefilter, PrefilterError, embedding_rankers
 from tooltrie.serve.schema import DiscoverBody, DiscoverResponse, ErrorBody
 from tooltrie.serve.service import Disconnected, DiscoveryRequest, DiscoveryService
 
@@ -37,8 +46,10 @@ logger = logging.getLogger(__name__)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description} for status, description in {
-        400: "malformed JSON", 404: "unknown registry", 413: "body over the size limit",
-        422: "wrong types or impossible values (k out of range, empty or too long query)",
+        400: "malformed JSON", 401: "no API key, or an unknown one (with a policy)",
+        403: "a registry outside the tenant's policy", 404: "unknown registry", 413: "body over the size limit",
+        422: "wrong types or impossible values (k out of range, empty or too long query, an allow/deny entry that "
+             "is not a tool or tag the caller may use, k over the allowed tools)",
         429: "queue full (see Retry-After)", 504: "no answer within the server's timeout"}.items()}
 
 
@@ -65,6 +76,8 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
                   description="Which registry tools answer this request? Exactly k distinct tools that exist, "
                               "decoded by a language model under a trie over its token ids. MCP: `discover_tools` "
                               f"at `{MCP_PATH}` (streamable HTTP).")
+    if service.policy is not None:  # added first, so it runs inside _BodyLimit, which counts its 401s
+        app.add_middleware(_Authenticate, policy=service.policy)
     app.add_middleware(_BodyLimit, max_body_bytes=service.limits.max_body_bytes, metrics=service.metrics)
     app.add_exception_handler(ServeError, _serve_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -74,20 +87,25 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
     @app.post("/v1/discover", response_model=DiscoverResponse, responses=_ERRORS, tags=["discovery"])
     async def discover(body: DiscoverBody, request: Request) -> dict[str, Any]:
         """Exactly k distinct tools of the registry that best answer the query, most relevant first."""
-        ask = DiscoveryRequest(query=body.query, k=body.k, registry=body.registry)
+        ask = DiscoveryRequest(query=body.query, k=body.k, registry=body.registry,
+                               allow=None if body.allow is None else tuple(body.allow), deny=tuple(body.deny),
+                               prefilter=body.prefilter, tenant=_tenant(request))
         return await service.discover(ask, disconnected=_until_disconnected(request))
 
-    @app.get("/v1/registries", tags=["registries"])
-    async def registries() -> dict[str, Any]:
-        """The registries served: name, tool count, placement (constant or global memory) and hashes."""
-        return {"registries": service.registries()}
+    @app.get("/v1/registries", tags=["registries"], responses={401: _ERRORS[401]})
+    async def registries(request: Request) -> dict[str, Any]:
+        """The registries served (with a policy: those the tenant may use, and how many of their tools): name, tool
+        count, placement (constant or global memory) and hashes."""
+        return {"registries": service.registries(_tenant(request))}
 
     @app.post("/v1/registries/{name}/reload", tags=["registries"],
-              responses={404: _ERRORS[404], 422: {"model": ErrorBody, "description": "the file no longer loads"}})
-    async def reload(name: str) -> dict[str, Any]:
+              responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "the tenant is not an admin"},
+                         404: _ERRORS[404], 422: {"model": ErrorBody, "description": "the file no longer loads"}})
+    async def reload(name: str, request: Request) -> dict[str, Any]:
         """Re-read the registry's file, compile it and swap it in: requests already decoding finish on the old
-        version, later ones get the new one. A file that no longer loads leaves the old version serving (422)."""
-        return await service.reload(name)
+        version, later ones get the new one. A file that no longer loads (or no longer fits the policy) leaves the
+        old version serving (422). With a policy, only an admin tenant may reload."""
+        return await service.reload(name, tenant=_tenant(request))
 
     @app.get("/healthz", tags=["health"], responses={503: {"model": ErrorBody, "description": "the probe failed"}})
     async def healthz() -> dict[str, Any]:
@@ -111,6 +129,12 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
     return app
 
 
+def _tenant(request: Request) -> Tenant | None:
+    """Whom ``_Authenticate`` found the request's key belongs to (None: the server has no policy)."""
+    tenant = request.scope.get(TENANT_SCOPE_KEY)
+    return tenant if isinstance(tenant, Tenant) else None
+
+
 def _until_disconnected(request: Request) -> Disconnected:
     """A coroutine function that returns once the client has gone. The body has been read by then, so the next
     ASGI message is ``http.disconnect`` (uvicorn sends nothing else until the response is complete)."""
@@ -131,6 +155,8 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
 async def _serve_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServeError)
     headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, QueueFullError) else None
+    if isinstance(exc, UnauthorizedError):
+        headers = {"WWW-Authenticate": exc.challenge}
     return _error(exc.status, exc.code, str(exc), headers)
 
 
@@ -172,6 +198,46 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
 async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
     logger.error("unexpected error", exc_info=exc)
     return _error(500, "internal", f"internal error ({type(exc).__name__}); see the server's log")
+
+
+# Routes that hold no tool data stay open with a policy: probes and scrapers carry no key. Any other path, including
+# ones that do not exist (default deny: a 404 would tell a stranger which routes there are), needs a key.
+OPEN_PATHS = frozenset({"/healthz", "/metrics", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/redoc"})
+
+
+class _Authenticate:
+    """ASGI middleware: resolves ``Authorization: Bearer <key>`` to its tenant (``scope[TENANT_SCOPE_KEY]``) for
+    every HTTP route but ``OPEN_PATHS``, MCP included, or answers 401 with ``WWW-Authenticate: Bearer``. The key
+    appears in no message and no log line (uvicorn's access log shows the request line, never headers)."""
+
+    def __init__(self, app: ASGIApp, *, policy: Policy) -> None:
+        self.app, self.policy = app, policy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        try:
+            scope[TENANT_SCOPE_KEY] = self._tenant([value for name, value in scope["headers"]
+                                                    if name == b"authorization"])
+        except UnauthorizedError as exc:
+            await _error(exc.status, exc.code, str(exc), {"WWW-Authenticate": exc.challenge})(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _tenant(self, values: list[bytes]) -> Tenant:
+        if not values:
+            raise UnauthorizedError("an API key is required: send Authorization: Bearer <key>")
+        if len(values) > 1:
+            raise UnauthorizedError("send one Authorization header, not several", invalid_token=True)
+        scheme, _, key = values[0].decode("latin-1").partition(" ")
+        key = key.strip()
+        if scheme.lower() != "bearer" or not key:
+            raise UnauthorizedError("the Authorization header must be 'Bearer <key>'", invalid_token=True)
+        tenant = self.policy.authenticate(key)
+        if tenant is None:
+            raise UnauthorizedError("the API key is not valid", invalid_token=True)
+        return tenant
 
 
 class _BodyLimit:
@@ -231,9 +297,10 @@ class _BodyLimit:
 
 def serve(*, registries: Sequence[Path], model: str | None = None, tokenizer: str | None = None,
           host: str = "127.0.0.1", port: int = 8000, limits: ServeLimits | None = None,
-          log_level: str = "info") -> None:
+          log_level: str = "info", policy: Path | None = None, prefilter: dict[str | None, int] | None = None) -> None:
     """``tooltrie serve``: load the model, compile (or take from the cache) each registry, and serve until
-    interrupted."""
+    interrupted. ``policy``: the tenants' file (None: open, on loopback only); ``prefilter``: the top N by retrieval
+    per registry name (None as the name: every registry), each also the most a request may ask for."""
     import uvicorn
     from transformers.utils import logging as transformers_logging
 
@@ -243,12 +310,22 @@ def serve(*, registries: Sequence[Path], model: str | None = None, tokenizer: st
     from tooltrie.serve.prompt import Prompt
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    for path in registries:  # a bad registry file is refused before the model loads
-        load_registry(path)
+    tenants = Policy.load(policy) if policy is not None else None
+    check_open_binding(host, tenants)  # before anything slow: an open server may listen on loopback only
+    names = [load_registry(path).name for path in registries]  # a bad registry file is refused before the model loads
+    rankers, why = embedding_rankers()
+    limits_n = {name: n for name in names for key, n in (prefilter or {}).items() if key in (None, name)}
+    unknown = sorted(str(key) for key in (prefilter or {}) if key is not None and key not in names)
+    if unknown:
+        raise PrefilterError(f"--prefilter names registries {unknown}, which are not served ({', '.join(names)})")
     loaded, info = load_model(model)
     service = DiscoveryService.from_paths(registries, loaded, TokenizerInfo.load(tokenizer or info.tokenizer),
-                                          prompt=Prompt.style(info.prompt_style), limits=limits)
+                                          prompt=Prompt.style(info.prompt_style), limits=limits, policy=tenants,
+                                          prefilter=Prefilter(rankers, limits=limits_n, unavailable=why))
     served = ", ".join(f"{summary['name']} ({summary['tools']} tools)" for summary in service.registries())
     print(f"tooltrie serve: {served} with {info.name}, on http://{host}:{port} (docs /docs, MCP {MCP_PATH})",
           file=sys.stderr)
+    access = (f"policy {policy}: {len(tenants.tenants)} tenants, API keys required (Authorization: Bearer)"
+              if tenants is not None else "no --policy: OPEN to every client that can reach it, on loopback only")
+    print(f"tooltrie serve: {access}; prefilter: {why if rankers is None else 'available'}", file=sys.stderr)
     uvicorn.run(create_app(service, host=host), host=host, port=port, log_level=log_level)

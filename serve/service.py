@@ -3,20 +3,27 @@
 Both front ends, HTTP (``server.py``) and MCP (``mcp_tools.py``), call :meth:`DiscoveryService.discover`. A request
 takes one path:
 
-1. ``admit``: the registry is looked up and the request checked against it (query length, k against the tools)
-   and turned into an engine ``Request``. Everything that can be refused is refused here, before the request
-   reaches a batch, so a bad request never disturbs the others. (Per-request tool subsets and tenant policies,
-   issue 9, belong here too: they narrow what a request may be answered with before it is decoded.)
+1. ``admit``: the registry is looked up (among the tenant's, with a policy) and the request checked against it
+   (query length, k against the tools) and turned into an engine ``Request``. The tools it may be answered with are
+   narrowed here (``access.py``: the tenant's policy, then the request's ``allow``/``deny``; ``prefilter.py``: the
+   top N by retrieval) and handed to the engine as ``Request.allow``, which enforces them in the mask. Everything
+   that can be refused is refused here, before the request reaches a batch, so a bad request never disturbs the
+   others.
 2. ``_decode``: a ``Job`` for the worker thread; the caller awaits its future, cancelling the job when the
    server's timeout passes or the client disconnects (its slot is freed at the next step).
-3. the endpoint's JSON object (``engine.response``), plus ``registry_sha256``: which version of a reloaded
-   registry answered.
+3. the answer is checked against the caller's policy once more, under the registry version that answered (a reload
+   while decoding may have changed it), then becomes the endpoint's JSON object (``engine.response``), plus
+   ``registry_sha256``: which version of a reloaded registry answered.
+
+Authentication happens before (``server.py``): the front end passes the ``Tenant`` its API key belongs to, or None
+when the server runs without a policy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -26,20 +33,28 @@ from typing import Any
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_cached, compile_registry
 from tooltrie.errors import DecodeError, RegistryError, TooltrieError
 from tooltrie.registry import Registry, load_registry, make_registry
+from tooltrie.serve.access import ToolView
 from tooltrie.serve.engine import Engine, Request, response
 from tooltrie.serve.errors import (
     ClientGoneError,
+    ForbiddenError,
     InvalidRequestError,
+    RegistryChangedError,
     RegistryReloadError,
     RequestTimeoutError,
     ServeError,
+    UnauthorizedError,
     UnavailableError,
     UnknownRegistryError,
 )
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.metrics import ServeMetrics
+from tooltrie.serve.policy import Policy, PolicyError, Tenant
+from tooltrie.serve.prefilter import Prefilter, PrefilterError
 from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.worker import Answered, Job, Outcome, Worker
+
+logger = logging.getLogger(__name__)
 
 # The health probe's own tiny grammar: decoded by the same worker and model as the served registries, between their
 # steps, so a probe that disturbed them (as a second grammar once overwrote the first in constant memory) would show.
@@ -54,11 +69,27 @@ PROBE_QUERY = "Is the discovery service healthy?"
 
 @dataclass(frozen=True)
 class DiscoveryRequest:
-    """What a caller asks, before it is checked: ``registry`` None means the server's default."""
+    """What a caller asks, before it is checked: ``registry`` None means the default (the tenant's, with a policy);
+    ``allow``/``deny`` tool names or tags; ``prefilter`` the top N by retrieval (None: the registry's setting);
+    ``tenant`` whom the API key belongs to (None: the server runs without a policy)."""
 
     query: str
     k: int
     registry: str | None = None
+    allow: tuple[str, ...] | None = None
+    deny: tuple[str, ...] = ()
+    prefilter: int | None = None
+    tenant: Tenant | None = None
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request that passed every check: where it goes, what the engine decodes, and the tools it may be answered
+    with (ids in ``served``'s registry; None: every tool)."""
+
+    served: ServedRegistry
+    request: Request
+    allowed: frozenset[int] | None
 
 
 @dataclass(frozen=True)
@@ -110,7 +141,8 @@ class DiscoveryService:
 
     def __init__(self, model: Any, tokenizer: TokenizerInfo, registries: Sequence[ServedRegistry], *,
                  prompt: Prompt | None = None, limits: ServeLimits | None = None,
-                 cache_dir: Path | None = None) -> None:
+                 cache_dir: Path | None = None, policy: Policy | None = None,
+                 prefilter: Prefilter | None = None) -> None:
         if not registries:
             raise ValueError("a discovery service needs at least one registry")
         self.model, self.tokenizer = model, tokenizer
@@ -125,6 +157,20 @@ class DiscoveryService:
                                     f"({served.path}); each served registry needs its own name")
             self._served[served.name] = served
         self.default_registry = registries[0].name
+        self.policy = policy
+        self.prefilter = prefilter or Prefilter(None)
+        self._views: dict[tuple[str | None, str], ToolView] = {}  # (tenant, registry) -> its tools, per version
+        if policy is not None:
+            for tenant in policy.tenants.values():
+                unknown = sorted(set(tenant.registries) - set(self._served))
+                if unknown:
+                    raise PolicyError(f"{policy.source}: tenant {tenant.name!r} names registries {unknown}, which "
+                                      f"this server does not serve ({', '.join(self._served)})")
+            for served in self._served.values():
+                self._check_policy(served.artifact.registry, policy)
+        unlimited = sorted(set(self.prefilter.limits) - set(self._served))
+        if unlimited:
+            raise PrefilterError(f"a prefilter is set for registries {unlimited}, which this server does not serve")
         # Positions the model can attend to; None when its config does not say.
         self.context_tokens: int | None = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self._probe = ServedRegistry.compile(make_registry(list(PROBE_TOOLS), name=PROBE_REGISTRY), tokenizer,
@@ -137,12 +183,14 @@ class DiscoveryService:
     @classmethod
     def from_paths(cls, paths: Sequence[str | Path], model: Any, tokenizer: TokenizerInfo, *,
                    prompt: Prompt | None = None, limits: ServeLimits | None = None,
-                   cache_dir: Path | None = None) -> DiscoveryService:
+                   cache_dir: Path | None = None, policy: Policy | None = None,
+                   prefilter: Prefilter | None = None) -> DiscoveryService:
         """Load and compile (or take from the compile cache) each registry file."""
         prompt = prompt or Prompt()
         served = [ServedRegistry.compile(load_registry(path), tokenizer, prompt, path=Path(path), cache_dir=cache_dir)
                   for path in paths]
-        return cls(model, tokenizer, served, prompt=prompt, limits=limits, cache_dir=cache_dir)
+        return cls(model, tokenizer, served, prompt=prompt, limits=limits, cache_dir=cache_dir, policy=policy,
+                   prefilter=prefilter)
 
     def _engine(self, artifact: Artifact) -> Engine:
         return Engine(self.model, self.tokenizer, artifact, max_batch=self.limits.max_batch, prompt=self.prompt)
@@ -155,8 +203,14 @@ class DiscoveryService:
 
     # -- what is served -------------------------------------------------------------------------------------------
 
-    def registries(self) -> list[dict[str, Any]]:
-        return [served.summary(default=name == self.default_registry) for name, served in self._served.items()]
+    def registries(self, tenant: Tenant | None = None) -> list[dict[str, Any]]:
+        """The registries served, or with ``tenant`` those it may use, with how many of their tools it may."""
+        if tenant is None:
+            return [served.summary(default=name == self.default_registry) for name, served in self._served.items()]
+        default = tenant.default_registry(self.default_registry)
+        return [{**self._served[name].summary(default=name == default),
+                 "allowed_tools": len(self._view(tenant, self._served[name].artifact.registry).visible)}
+                for name in tenant.registries]
 
     def served(self, name: str) -> ServedRegistry:
         if name not in self._served:
@@ -164,16 +218,61 @@ class DiscoveryService:
                                        f"{', '.join(repr(n) for n in self._served)}")
         return self._served[name]
 
+    def served_for(self, tenant: Tenant | None, name: str | None) -> ServedRegistry:
+        """The registry a request asks (None: its default). A tenant gets 403 for any name outside its policy,
+        served or not, so it cannot learn which other registries exist."""
+        if tenant is None:
+            if self.policy is not None:  # the front end must authenticate first; never serve a policy's server open
+                raise UnauthorizedError("an API key is required: send Authorization: Bearer <key>")
+            return self.served(self.default_registry if name is None else name)
+        if name is None:
+            name = tenant.default_registry(self.default_registry)
+        if name not in tenant.registries:
+            raise ForbiddenError(f"registry {name[:80]!r} is not available to tenant {tenant.name!r}; its registries "
+                                 f"are {', '.join(repr(n) for n in tenant.registries)}")
+        return self.served(name)
+
+    def _view(self, tenant: Tenant | None, registry: Registry) -> ToolView:
+        """The tools of ``registry`` (this version) that ``tenant`` may use, cached per version."""
+        key = (tenant.name if tenant is not None else None, registry.name)
+        view = self._views.get(key)
+        if view is None or view.registry.sha256 != registry.sha256:
+            grant = tenant.registries[registry.name] if tenant is not None else None
+            try:
+                view = ToolView.of(registry, grant, where=f"policy of tenant {key[0]!r}")
+            except RegistryError:  # reloads are checked against the policy, so this is a bug: fail closed
+                logger.exception("the policy of tenant %r no longer fits registry %r", key[0], registry.name)
+                raise ForbiddenError(f"your policy does not fit registry {registry.name!r} as now served; the "
+                                     "request is refused (the server's log says why)") from None
+            self._views[key] = view
+        return view
+
+    def _check_policy(self, registry: Registry, policy: Policy) -> None:
+        """Every tenant's grant on ``registry`` names tools and tags it has, and leaves at least one tool."""
+        for tenant in policy.tenants.values():
+            grant = tenant.registries.get(registry.name)
+            if grant is None:
+                continue
+            where = f"{policy.source}: tenant {tenant.name!r}, registry {registry.name!r}"
+            try:
+                view = ToolView.of(registry, grant, where=where)
+            except RegistryError as exc:
+                raise PolicyError(str(exc)) from None
+            if not view.visible:
+                raise PolicyError(f"{where}: allow minus deny leaves no tool")
+
     # -- the request path -----------------------------------------------------------------------------------------
 
     async def discover(self, ask: DiscoveryRequest, *, disconnected: Disconnected | None = None) -> dict[str, Any]:
         """Answer ``ask`` with exactly k tools of its registry, or raise a ``ServeError`` saying why not."""
         started = time.perf_counter()
-        label = ask.registry if ask.registry in self._served else (
-            self.default_registry if ask.registry is None else "-")
+        default = ask.tenant.default_registry(self.default_registry) if ask.tenant is not None else (
+            self.default_registry)
+        label = ask.registry if ask.registry in self._served else (default if ask.registry is None else "-")
         try:
-            served, request = self.admit(ask)
-            outcome = await self._decode(served.name, request, disconnected=disconnected)
+            admitted = await self.admit(ask)
+            outcome = await self._decode(admitted.served.name, admitted.request, disconnected=disconnected)
+            self._check_answer(ask.tenant, admitted, outcome)
         except ServeError as exc:
             self.metrics.requests.labels(label, exc.code).inc()
             raise
@@ -186,9 +285,9 @@ class DiscoveryService:
         body["registry_sha256"] = outcome.artifact.registry.sha256
         return body
 
-    def admit(self, ask: DiscoveryRequest) -> tuple[ServedRegistry, Request]:
-        """Check ``ask`` against its registry and the limits; the engine request to decode."""
-        served = self.served(self.default_registry if ask.registry is None else ask.registry)
+    async def admit(self, ask: DiscoveryRequest) -> Admitted:
+        """Check ``ask`` against its registry, the caller's policy and the limits; the engine request to decode."""
+        served = self.served_for(ask.tenant, ask.registry)
         query, k, limits = ask.query, ask.k, self.limits
         if not query.strip():
             raise InvalidRequestError("query is empty; ask a question in words")
@@ -207,7 +306,36 @@ class DiscoveryService:
             if needed > self.context_tokens:
                 raise InvalidRequestError(f"query is too long for the model: prompt and answer would take {needed:,} "
                                           f"tokens of its {self.context_tokens:,}")
-        return served, Request(query, k)
+        registry = served.artifact.registry
+        allowed: frozenset[int] | None = None
+        if ask.tenant is not None or ask.allow is not None or ask.deny:
+            allowed = self._view(ask.tenant, registry).narrow(allow=ask.allow, deny=ask.deny)
+            if len(allowed) < k:
+                tools = f"{len(allowed)} tool{'s' if len(allowed) != 1 else ''}"
+                raise InvalidRequestError(f"k={k} but only {tools} of registry {served.name!r} may answer this "
+                                          "request (policy, allow and deny); an answer needs k distinct ones")
+        n = self.prefilter.size(served.name, ask.prefilter, k)
+        if n is not None:
+            within = allowed if allowed is not None else frozenset(range(served.n_tools))
+            allowed = await asyncio.to_thread(self.prefilter.top, registry, query, n, within=within)
+        if allowed is not None and ask.tenant is None and len(allowed) == served.n_tools:
+            allowed = None  # open server, nothing narrowed: no subset for the engine to apply
+        names = None if allowed is None else tuple(registry.tools[i].name for i in sorted(allowed))
+        return Admitted(served, Request(query, k, allow=names), allowed)
+
+    def _check_answer(self, tenant: Tenant | None, admitted: Admitted, outcome: Answered) -> None:
+        """The mask already kept the answer inside the allowed tools; this checks it again under the registry
+        version that answered (a reload mid-request may have retagged a tool), and withholds it when it strays."""
+        names = {tool.name for tool in outcome.answer.tools}
+        allowed = admitted.request.allow
+        strays = names - set(allowed) if allowed is not None else set()
+        if tenant is not None:
+            strays |= names - set(self._view(tenant, outcome.artifact.registry).by_name)
+        if strays:
+            logger.error("an answer for tenant %r strayed outside its allowed tools (%d tools) on registry %r",
+                         tenant.name if tenant is not None else None, len(strays), admitted.served.name)
+            raise RegistryChangedError(f"registry {admitted.served.name!r} changed while this request was decoding "
+                                       "and the answer no longer fits what it may be answered with; retry")
 
     async def _decode(self, registry: str, request: Request, *, counted: bool = True,
                       disconnected: Disconnected | None = None) -> Answered:
@@ -236,8 +364,8 @@ class DiscoveryService:
                     gone.exception()  # a receive that failed also means the client is gone; retrieved, not logged
         if future in done:
             outcome = future.result()
-            if isinstance(outcome, DecodeError):  # k no longer fits: the registry was reloaded meanwhile
-                raise InvalidRequestError(str(outcome))
+            if isinstance(outcome, DecodeError | RegistryError):  # the registry was reloaded meanwhile: k or the
+                raise InvalidRequestError(str(outcome))             # allowed tools no longer fit it
             if isinstance(outcome, BaseException):
                 raise outcome
             return outcome
@@ -263,10 +391,13 @@ class DiscoveryService:
 
     # -- reload ---------------------------------------------------------------------------------------------------
 
-    async def reload(self, name: str) -> dict[str, Any]:
+    async def reload(self, name: str, *, tenant: Tenant | None = None) -> dict[str, Any]:
         """Re-read ``name``'s file, compile it (in a thread; the compile cache makes an unchanged one a lookup) and
         swap its engine: requests decoding now finish on the old artifact, later ones get the new one. A file that
-        no longer loads or compiles raises ``RegistryReloadError`` and the old version keeps serving."""
+        no longer loads or compiles, or no longer fits the policy, raises ``RegistryReloadError`` and the old
+        version keeps serving. With a policy, only an ``admin`` tenant may reload."""
+        if self.policy is not None and (tenant is None or not tenant.admin):
+            raise ForbiddenError("reloading a registry needs a tenant with admin: true in the policy")
         path = self.served(name).path
         if path is None:
             raise RegistryReloadError(f"registry {name!r} was not loaded from a file; there is nothing to reload")
@@ -291,6 +422,8 @@ class DiscoveryService:
             if registry.name != name:
                 raise RegistryReloadError(f"{path} now names its registry {registry.name!r}; a reload keeps the "
                                           f"name {name!r} (serve it under a new name instead)")
+            if self.policy is not None:  # a tenant's allow list must still name tools and tags the file has
+                self._check_policy(registry, self.policy)
             return ServedRegistry.compile(registry, self.tokenizer, self.prompt, path=path, cache_dir=self.cache_dir)
         except RegistryReloadError:
             raise

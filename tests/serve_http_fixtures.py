@@ -24,6 +24,8 @@ from tooltrie.compiler import TokenizerInfo
 from tooltrie.registry import CATALOG_PATH, Registry, load_registry
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.model import tiny_llama
+from tooltrie.serve.policy import Policy
+from tooltrie.serve.prefilter import Prefilter
 from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.server import create_app
 from tooltrie.serve.service import PROBE_TOOLS, DiscoveryService
@@ -59,12 +61,12 @@ class Running:
 
 
 @contextmanager
-def running_server(service: DiscoveryService) -> Iterator[Running]:
+def running_server(service: DiscoveryService, *, log_level: str = "warning") -> Iterator[Running]:
     """Serve ``service`` with uvicorn on a free loopback port, in a thread; stop it on exit."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level="warning", timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level=log_level, timeout_graceful_shutdown=5))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
@@ -81,10 +83,12 @@ def running_server(service: DiscoveryService) -> Iterator[Running]:
 
 
 def tiny_service(registries: Sequence[Path], cache_dir: Path, *, limits: ServeLimits | None = None,
-                 model: Any = None, prompt: Prompt | None = None) -> DiscoveryService:
+                 model: Any = None, prompt: Prompt | None = None, policy: Policy | None = None,
+                 prefilter: Prefilter | None = None) -> DiscoveryService:
     """A service on the tiny random Llama (SmolLM2's vocabulary; or ``model``) and the bundled SmolLM2 tokenizer."""
     return DiscoveryService.from_paths(registries, model if model is not None else tiny_llama(), smollm_tokenizer(),
-                                       limits=limits, cache_dir=cache_dir, prompt=prompt)
+                                       limits=limits, cache_dir=cache_dir, prompt=prompt, policy=policy,
+                                       prefilter=prefilter)
 
 
 class Gate:
@@ -128,9 +132,13 @@ def wait_until(condition: Callable[[], bool], *, timeout_s: float = 30, what: st
 
 # -- registry files -------------------------------------------------------------------------------------------------
 
-def write_registry(path: Path, name: str, tools: Sequence[tuple[str, str]]) -> Registry:
-    """Write a native YAML registry of ``(name, description)`` tools; the registry as the server will read it."""
-    data = {"name": name, "tools": [{"name": tool, "description": about} for tool, about in tools]}
+def write_registry(path: Path, name: str, tools: Sequence[tuple[str, str]],
+                   tags: dict[str, list[str]] | None = None) -> Registry:
+    """Write a native YAML registry of ``(name, description)`` tools (with ``tags`` by tool name); the registry as
+    the server will read it."""
+    data = {"name": name, "tools": [{"name": tool, "description": about, **({"tags": (tags or {})[tool]}
+                                                                           if tool in (tags or {}) else {})}
+                                    for tool, about in tools]}
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return load_registry(path)
 

