@@ -1,6 +1,7 @@
 """End-to-end decode cost on the CPU with the real model: tooltrie's engine against full-head decoding, taking turns.
 
-Model: the default SmolLM2-135M-Instruct (``tooltrie.serve.model.load_model()``, float32); registry: the 47-tool
+Model: SmolLM2-135M-Instruct, the base (``load_model(adapter=False)``: the catalog prompt is the base model's; the
+fine-tuned default's short prompt is measured by ``bench_serve.py``), float32; registry: the 47-tool
 catalog compiled for the bundled tokenizer. Every arm answers the same fixed queries (``QUERIES``) under the
 engine's prompt for that k (chat template + system prompt listing the catalog, ~1,300 tokens), for k = 1 and 3,
 at batch 1 (one request at a time) and batch 16 (the 16 queries together). Arms:
@@ -395,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     began = clock()
     load_average_start = machine_info()["load_average"]
     t0 = clock()
-    model, info = load_model()
+    model, info = load_model(adapter=False)
     load_s = clock() - t0
     tokenizer = TokenizerInfo.load(info.tokenizer)
     t0 = clock()

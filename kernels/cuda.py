@@ -28,6 +28,7 @@ from numba import config, cuda
 
 from tooltrie.compiler.artifact import CONSTANT_MEMORY_BUDGET, Artifact
 from tooltrie.kernels import walk
+from tooltrie.kernels.cpu import check_stats
 from tooltrie.kernels.state import RUNNING, STATUS
 from tooltrie.kernels.vocab import VocabMap, check_step_inputs
 
@@ -35,6 +36,7 @@ if config.ENABLE_CUDASIM:  # the simulator runs Python: give it the walk as Pyth
     walk = walk.python_twin()
 beats, best_move, best_plain, is_plain, plain_excluded, take_move, take_plain = (
     walk.beats, walk.best_move, walk.best_plain, walk.is_plain, walk.plain_excluded, walk.take_move, walk.take_plain)
+lse_merge, no_stats, put_stats = walk.lse_merge, walk.no_stats, walk.put_stats
 
 LOG = logging.getLogger(__name__)
 WARP = 32
@@ -49,36 +51,51 @@ TRIE_FIELDS = ("node_edge_start", "edge_token", "edge_child", "edge_tool_count",
 
 @cuda.jit(device=True)
 def _warp_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any,
-              scores: Any, hidden: Any, n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
+              scores: Any, hidden: Any, n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any,
+              stats: Any) -> None:
     row, lane = cuda.blockIdx.x, cuda.threadIdx.x
     if table[row, STATUS] != RUNNING:  # uniform across the block: every lane leaves together
         if lane == 0:
             chosen[row] = -1
+            no_stats(stats, row)
         return
     s_value = cuda.shared.array(WARP, dtype=np.float64)
     s_token = cuda.shared.array(WARP, dtype=np.int64)
     s_kind = cuda.shared.array(WARP, dtype=np.int64)
     s_edge = cuda.shared.array(WARP, dtype=np.int64)
+    s_runner_up = cuda.shared.array(WARP, dtype=np.float64)
+    s_lse_max = cuda.shared.array(WARP, dtype=np.float64)
+    s_lse_sum = cuda.shared.array(WARP, dtype=np.float64)
+    with_stats = stats.shape[0] > 0  # uniform across the block
     plain = is_plain(table, row)
     if plain:
-        value, token = best_plain(row, lane, WARP, n_cols, scores, hidden, output_to_full,
-                                  plain_excluded(table, row, eos_id))
+        value, token, runner_up, lse_max, lse_sum = best_plain(
+            row, lane, WARP, n_cols, scores, hidden, output_to_full, plain_excluded(table, row, eos_id), with_stats)
         kind, edge = -1, -1
     else:
-        value, token, kind, edge = best_move(row, lane, WARP, trie, n_tools, eos_id, table, counts, allowed, scores,
-                                             hidden, full_to_output)
+        value, token, kind, edge, runner_up, lse_max, lse_sum = best_move(
+            row, lane, WARP, trie, n_tools, eos_id, table, counts, allowed, scores, hidden, full_to_output,
+            with_stats)
     s_value[lane], s_token[lane], s_kind[lane], s_edge[lane] = value, token, kind, edge
+    s_runner_up[lane], s_lse_max[lane], s_lse_sum[lane] = runner_up, lse_max, lse_sum
     cuda.syncthreads()
     width = WARP // 2
-    while width > 0:
+    while width > 0:  # a fixed tree: the same inputs always merge in the same order (deterministic sums)
         other = lane + width
-        if lane < width and s_token[other] >= 0 and beats(s_value[other], s_token[other], s_value[lane],
-                                                          s_token[lane]):
-            s_value[lane], s_token[lane], s_kind[lane], s_edge[lane] = (
-                s_value[other], s_token[other], s_kind[other], s_edge[other])
+        if lane < width:
+            other_wins = s_token[other] >= 0 and beats(s_value[other], s_token[other], s_value[lane], s_token[lane])
+            if with_stats:  # the runner-up: the larger of both runners-up and the losing best
+                losing = s_value[lane] if other_wins else s_value[other]
+                s_runner_up[lane] = max(max(s_runner_up[lane], s_runner_up[other]), losing)
+                s_lse_max[lane], s_lse_sum[lane] = lse_merge(s_lse_max[lane], s_lse_sum[lane], s_lse_max[other],
+                                                             s_lse_sum[other])
+            if other_wins:
+                s_value[lane], s_token[lane], s_kind[lane], s_edge[lane] = (
+                    s_value[other], s_token[other], s_kind[other], s_edge[other])
         cuda.syncthreads()
         width //= 2
     if lane == 0:
+        put_stats(stats, row, s_value[0], s_runner_up[0], s_lse_max[0], s_lse_sum[0])
         if plain:
             take_plain(row, s_token[0], eos_id, reasoning_end_id, table, chosen)
         else:
@@ -87,19 +104,24 @@ def _warp_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table
 
 @cuda.jit(device=True)
 def _thread_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any,
-                scores: Any, hidden: Any, n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
+                scores: Any, hidden: Any, n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any,
+                stats: Any) -> None:
     row = cuda.grid(1)
     if row >= table.shape[0]:
         return
+    with_stats = stats.shape[0] > 0
     if table[row, STATUS] != RUNNING:
         chosen[row] = -1
+        no_stats(stats, row)
     elif is_plain(table, row):
-        _, token = best_plain(row, 0, 1, n_cols, scores, hidden, output_to_full,
-                                  plain_excluded(table, row, eos_id))
+        value, token, runner_up, lse_max, lse_sum = best_plain(
+            row, 0, 1, n_cols, scores, hidden, output_to_full, plain_excluded(table, row, eos_id), with_stats)
+        put_stats(stats, row, value, runner_up, lse_max, lse_sum)
         take_plain(row, token, eos_id, reasoning_end_id, table, chosen)
     else:
-        _, token, kind, edge = best_move(row, 0, 1, trie, n_tools, eos_id, table, counts, allowed, scores, hidden,
-                                         full_to_output)
+        value, token, kind, edge, runner_up, lse_max, lse_sum = best_move(
+            row, 0, 1, trie, n_tools, eos_id, table, counts, allowed, scores, hidden, full_to_output, with_stats)
+        put_stats(stats, row, value, runner_up, lse_max, lse_sum)
         take_move(row, token, kind, edge, trie, table, chosen)
 
 
@@ -114,12 +136,12 @@ def make_constant_kernel(arrays: dict[str, np.ndarray[Any, Any]], layout: str) -
     @cuda.jit
     def constant_kernel(n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any,
                         scores: Any, hidden: Any, n_cols: int, full_to_output: Any, output_to_full: Any,
-                        chosen: Any) -> None:
+                        chosen: Any, stats: Any) -> None:
         trie = (cuda.const.array_like(nes), cuda.const.array_like(et), cuda.const.array_like(ec),
                 cuda.const.array_like(etc), cuda.const.array_like(nt), cuda.const.array_like(tr),
                 cuda.const.array_like(pt), cuda.const.array_like(tps), cuda.const.array_like(tpe))
         row_function(trie, n_tools, eos_id, reasoning_end_id, table, counts, allowed, scores, hidden, n_cols,
-                     full_to_output, output_to_full, chosen)
+                     full_to_output, output_to_full, chosen, stats)
 
     return constant_kernel
 
@@ -132,9 +154,9 @@ def make_global_kernel(layout: str) -> Any:
     def global_kernel(nes: Any, et: Any, ec: Any, etc: Any, nt: Any, tr: Any, pt: Any, tps: Any, tpe: Any,
                       n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any,
                       scores: Any, hidden: Any, n_cols: int, full_to_output: Any, output_to_full: Any,
-                      chosen: Any) -> None:
+                      chosen: Any, stats: Any) -> None:
         row_function((nes, et, ec, etc, nt, tr, pt, tps, tpe), n_tools, eos_id, reasoning_end_id, table, counts,
-                     allowed, scores, hidden, n_cols, full_to_output, output_to_full, chosen)
+                     allowed, scores, hidden, n_cols, full_to_output, output_to_full, chosen, stats)
 
     return global_kernel
 
@@ -203,24 +225,32 @@ class CudaStepper:
                  artifact.registry.name, artifact.trie.device_bytes, placement, layout)
         # No rows: every slot has the whole registry (the kernel reads the compiled counts).
         self._whole_registry = (cuda.device_array((0, 0), np.int32), cuda.device_array((0, 0), np.uint8))
+        self._no_stats = cuda.device_array((0, 3), np.float64)  # no rows: statistics not wanted
         self._paths: tuple[Any, Any] | None = None
 
     def step(self, table: Any, logits: Any, chosen: Any, *, subsets: tuple[Any, Any] | None = None,
-             reasoning_end_id: int | None = None, vocab: VocabMap | None = None, stream: Any = None) -> None:
+             reasoning_end_id: int | None = None, vocab: VocabMap | None = None, stream: Any = None,
+             stats: Any = None) -> None:
         """One step: ``table`` is the slot-state table on the device (advanced in place), ``logits`` ``[B, V]``,
         ``chosen`` an int32 ``[B]`` output; ``subsets`` (from :meth:`subsets`) limits rows to their allowed
-        tools. Torch tensors are launched on torch's current stream."""
+        tools; ``stats`` (float64 ``[B, 3]``, optional) receives each row's (best, runner-up, log-sum-exp) over its
+        candidates (float logits only: bfloat16 is compared as bits, which order but are not values). Torch
+        tensors are launched on torch's current stream."""
+        if stats is not None and stats.shape[0] and str(getattr(logits, "dtype", "")) in (
+                "torch.bfloat16", "int16", "torch.int16"):
+            raise ValueError("stats need float16/float32 logits: bfloat16 logits are compared as their bits")
         logits = _bf16_as_bits(logits)
         self._launch(table, subsets, logits, None, logits.shape[0], logits.shape[1], chosen, reasoning_end_id, vocab,
-                     stream)
+                     stream, stats)
 
     def sparse_step(self, table: Any, hidden: Any, output_embedding: Any, chosen: Any, *,
                     subsets: tuple[Any, Any] | None = None, reasoning_end_id: int | None = None,
-                    vocab: VocabMap | None = None, stream: Any = None) -> None:
+                    vocab: VocabMap | None = None, stream: Any = None, stats: Any = None) -> None:
         """One step from hidden states ``[B, H]`` and ``W [V, H]``: dot products for legal tokens only, and the
-        selection, in the same launch; no ``[B, V]`` logits exist."""
+        selection, in the same launch; no ``[B, V]`` logits exist. ``stats`` as in :meth:`step`: what a score of
+        the decision needs (logprob = best - log-sum-exp, margin = best - runner-up), from the same products."""
         self._launch(table, subsets, output_embedding, hidden, hidden.shape[0], output_embedding.shape[0], chosen,
-                     reasoning_end_id, vocab, stream)
+                     reasoning_end_id, vocab, stream, stats)
 
     def subsets(self, allowed: Any) -> tuple[Any, Any]:
         """Per-row subsets on the device from a bitmap ``allowed [B, n_tools]`` (uint8, 1 = allowed): the rows'
@@ -239,9 +269,13 @@ class CudaStepper:
         return counts, allowed
 
     def _launch(self, table: Any, subsets: tuple[Any, Any] | None, scores: Any, hidden: Any, n_rows: int,
-                n_cols: int, chosen: Any, reasoning_end_id: int | None, vocab: VocabMap | None, stream: Any) -> None:
+                n_cols: int, chosen: Any, reasoning_end_id: int | None, vocab: VocabMap | None, stream: Any,
+                stats: Any) -> None:
         vocab = vocab or VocabMap.identity(n_cols)
         check_step_inputs(self.artifact, table.shape[0], n_rows, n_cols, vocab)
+        if stats is None:
+            stats = self._no_stats
+        check_stats(stats, table.shape[0])
         maps = _device_maps(vocab)
         stream = stream if stream is not None else _torch_stream(scores)
         batch = table.shape[0]
@@ -254,7 +288,7 @@ class CudaStepper:
         counts, allowed = subsets if subsets is not None else self._whole_registry
         launch(*self._trie_args, artifact.trie.n_tools, artifact.eos_id,
                -1 if reasoning_end_id is None else reasoning_end_id, table, counts, allowed, scores, hidden, n_cols,
-               *maps, chosen)
+               *maps, chosen, stats)
 
 
 def compact_on_device(table: Any, batch_mapping: Any) -> Any:

@@ -55,7 +55,7 @@ def compile_variant(artifact: Artifact, *, placement: str, layout: str, score_ki
         "sparse-head": (types.float32[:, ::1], types.float32[:, ::1]),
     }[score_kind]
     launch = (types.int64, types.int64, types.int64, types.int32[:, ::1], types.int32[:, ::1], types.uint8[:, ::1],
-              scores, hidden, types.int64, index, index, index)
+              scores, hidden, types.int64, index, index, index, types.float64[:, ::1])
     with _pretend_device(compute_capability):
         if placement == "constant":
             kernel, signature = make_constant_kernel(artifact.trie.arrays(), layout), launch

@@ -14,12 +14,18 @@ every slot has the whole registry (the compiled ``edge_tool_count``). Scores com
 ``score(scores, hidden, row, col)``: logits ``[B, V]`` (float, or bfloat16 bits viewed as int16) when ``hidden``
 is None, else the sparse head: the dot product of ``hidden[row]`` with row ``col`` of the output embedding
 ``scores = W [V, H]``.
+
+A step may also report, per row, what a score of the decision needs (``stats [B, 3]`` float64: the best value,
+the runner-up value, the log-sum-exp of the candidates' values; see :func:`put_stats`), so no caller has to
+recompute the legal logits. Each lane keeps a running maximum and sum for the log-sum-exp (:func:`lse_add`), and
+lanes merge under a fixed tree (:func:`lse_merge`). An ``stats`` array without rows asks for none of it.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 from types import ModuleType
 from typing import Any
 
@@ -106,6 +112,48 @@ def beats(value: float, token: int, best_value: float, best_token: int) -> bool:
 
 
 @_jit
+def lse_add(lse_max: float, lse_sum: float, value: float) -> tuple[float, float]:
+    """Online log-sum-exp as (max, sum of exp(value - max)); -inf (and NaN, already -inf) adds nothing."""
+    if value == -np.inf:
+        return lse_max, lse_sum
+    if value > lse_max:
+        return value, lse_sum * math.exp(lse_max - value) + 1.0
+    return lse_max, lse_sum + math.exp(value - lse_max)
+
+
+@_jit
+def lse_merge(max_a: float, sum_a: float, max_b: float, sum_b: float) -> tuple[float, float]:
+    """Two lanes' online log-sum-exps as one."""
+    if max_b == -np.inf:
+        return max_a, sum_a
+    if max_a == -np.inf:
+        return max_b, sum_b
+    if max_a >= max_b:
+        return max_a, sum_a + sum_b * math.exp(max_b - max_a)
+    return max_b, sum_b + sum_a * math.exp(max_a - max_b)
+
+
+@_jit
+def put_stats(stats: Any, row: int, best_value: float, runner_up: float, lse_max: float, lse_sum: float) -> None:
+    """Write a row's decision statistics, if asked for: (best, runner-up, log-sum-exp) of the candidates' values.
+    The runner-up equals the best on a tie and is -inf with a single candidate; a row with no candidate gets
+    -inf throughout."""
+    if stats.shape[0] > 0:
+        stats[row, 0] = best_value
+        stats[row, 1] = runner_up
+        stats[row, 2] = lse_max + math.log(lse_sum) if lse_sum > 0 else -np.inf
+
+
+@_jit
+def no_stats(stats: Any, row: int) -> None:
+    """A row that took no step (not running): NaN statistics."""
+    if stats.shape[0] > 0:
+        stats[row, 0] = np.nan
+        stats[row, 1] = np.nan
+        stats[row, 2] = np.nan
+
+
+@_jit
 def terminal_open(table: Any, allowed: Any, row: int, tool: int) -> bool:
     """The node's tool may end here: it exists, is allowed, and is not used yet."""
     if tool < 0 or (allowed.shape[0] > 0 and allowed[row, tool] == 0):
@@ -118,8 +166,11 @@ def terminal_open(table: Any, allowed: Any, row: int, tool: int) -> bool:
 
 @_jit
 def best_move(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any,
-              allowed: Any, scores: Any, hidden: Any, full_to_output: Any) -> tuple[float, int, int, int]:
-    """This lane's best legal move of a constrained, running slot: (score, token, kind, edge); token -1: none."""
+              allowed: Any, scores: Any, hidden: Any, full_to_output: Any, with_stats: bool
+              ) -> tuple[float, int, int, int, float, float, float]:
+    """This lane's best legal move of a constrained, running slot: (score, token, kind, edge); token -1: none.
+    Then, with ``with_stats`` (else -inf, -inf, 0), this lane's runner-up value and its online log-sum-exp
+    (max, sum) over its legal tokens."""
     node_edge_start, edge_token, edge_tool_count, node_tool = trie[0], trie[1], trie[3], trie[4]
     trie_root, phase_trie, tool_path_start, tool_path_edges = trie[5], trie[6], trie[7], trie[8]
     k, node, depth, emitted = table[row, K], table[row, NODE], table[row, DEPTH], table[row, EMITTED]
@@ -136,6 +187,7 @@ def best_move(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id:
         root = trie_root[hop_trie]
         hop_first, n_hop = node_edge_start[root], node_edge_start[root + 1] - node_edge_start[root]
     best_value, best_token, best_kind, best_edge = -np.inf, -1, -1, -1
+    runner_up, lse_max, lse_sum = -np.inf, -np.inf, 0.0
     for i in range(lane, n_own + n_hop, stride):
         if i < n_own:
             edge, kind, trie_index, at_depth, extra_tool = own_first + i, MOVE_EDGE, own_trie, depth, -1
@@ -155,28 +207,39 @@ def best_move(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id:
         col = full_to_output[token]
         if count > 0 and col >= 0:
             value = score(scores, hidden, row, col)
+            if with_stats:
+                runner_up = max(runner_up, min(value, best_value))
+                lse_max, lse_sum = lse_add(lse_max, lse_sum, value)
             if beats(value, token, best_value, best_token):
                 best_value, best_token, best_kind, best_edge = value, token, kind, edge
     if lane == 0 and unused and emitted + 1 == k and full_to_output[eos_id] >= 0:
         value = score(scores, hidden, row, full_to_output[eos_id])
+        if with_stats:
+            runner_up = max(runner_up, min(value, best_value))
+            lse_max, lse_sum = lse_add(lse_max, lse_sum, value)
         if beats(value, eos_id, best_value, best_token):
             best_value, best_token, best_kind, best_edge = value, eos_id, MOVE_STOP, -1
-    return best_value, best_token, best_kind, best_edge
+    return best_value, best_token, best_kind, best_edge, runner_up, lse_max, lse_sum
 
 
 @_jit
 def best_plain(row: int, lane: int, stride: int, n_cols: int, scores: Any, hidden: Any, output_to_full: Any,
-               excluded: int) -> tuple[float, int]:
-    """This lane's share of a plain argmax (rows without a grammar, or still thinking): (score, full token).
-    ``excluded`` (a full id, or -1) is never chosen: a constrained row may not stop while it thinks."""
+               excluded: int, with_stats: bool) -> tuple[float, int, float, float, float]:
+    """This lane's share of a plain argmax (rows without a grammar, or still thinking): (score, full token), then
+    the statistics as in :func:`best_move`, over every column but ``excluded``. ``excluded`` (a full id, or -1)
+    is never chosen: a constrained row may not stop while it thinks."""
     best_value, best_token = -np.inf, -1
+    runner_up, lse_max, lse_sum = -np.inf, -np.inf, 0.0
     for col in range(lane, n_cols, stride):
         token = output_to_full[col]
         if token != excluded:
             value = score(scores, hidden, row, col)
+            if with_stats:
+                runner_up = max(runner_up, min(value, best_value))
+                lse_max, lse_sum = lse_add(lse_max, lse_sum, value)
             if beats(value, token, best_value, best_token):
                 best_value, best_token = value, token
-    return best_value, best_token
+    return best_value, best_token, runner_up, lse_max, lse_sum
 
 
 @_jit
@@ -229,19 +292,24 @@ def is_plain(table: Any, row: int) -> bool:
 def step_rows(node_edge_start: Any, edge_token: Any, edge_child: Any, edge_tool_count: Any, node_tool: Any,
                trie_root: Any, phase_trie: Any, tool_path_start: Any, tool_path_edges: Any, n_tools: int,
                eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any, scores: Any, hidden: Any,
-               n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any) -> None:
-    """The CPU backend's batch loop: each running row takes its best move (or plain argmax), one at a time."""
+               n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any, stats: Any) -> None:
+    """The CPU backend's batch loop: each running row takes its best move (or plain argmax), one at a time;
+    ``stats [B, 3]`` gets each row's statistics (:func:`put_stats`) unless it has no rows."""
     trie = (node_edge_start, edge_token, edge_child, edge_tool_count, node_tool, trie_root, phase_trie,
             tool_path_start, tool_path_edges)
+    with_stats = stats.shape[0] > 0
     for row in range(table.shape[0]):
         chosen[row] = -1
         if table[row, STATUS] != RUNNING:
+            no_stats(stats, row)
             continue
         if is_plain(table, row):
-            _, token = best_plain(row, 0, 1, n_cols, scores, hidden, output_to_full,
-                                  plain_excluded(table, row, eos_id))
+            value, token, runner_up, lse_max, lse_sum = best_plain(
+                row, 0, 1, n_cols, scores, hidden, output_to_full, plain_excluded(table, row, eos_id), with_stats)
+            put_stats(stats, row, value, runner_up, lse_max, lse_sum)
             take_plain(row, token, eos_id, reasoning_end_id, table, chosen)
             continue
-        _, token, kind, edge = best_move(row, 0, 1, trie, n_tools, eos_id, table, counts, allowed, scores, hidden,
-                                         full_to_output)
+        value, token, kind, edge, runner_up, lse_max, lse_sum = best_move(
+            row, 0, 1, trie, n_tools, eos_id, table, counts, allowed, scores, hidden, full_to_output, with_stats)
+        put_stats(stats, row, value, runner_up, lse_max, lse_sum)
         take_move(row, token, kind, edge, trie, table, chosen)

@@ -9,6 +9,14 @@ What makes it cheaper than decoding without the constraint:
 - **forced chains**: where the trie leaves one legal token, it is taken without asking the model, and the whole
   run is fed in the next forward pass, so forward passes per answer = decision points.
 
+Decisions go through one of three backends (``Engine(..., decisions=...)``), chosen by the model's device unless
+named: ``"torch"`` (the default on CPU) multiplies each row's legal rows of the head with torch; ``"cuda"`` (the
+default on a GPU) runs the fused sparse-head kernel (``kernels/cuda.py``): one launch for every row at a decision
+point computes the legal dot products, the choice and the numbers its score needs (best, runner-up, log-sum-exp);
+``"cpu-kernel"`` is the same walk compiled for the CPU (``kernels/cpu.py``). All three choose the same tokens and
+give the same scores (to float rounding: the kernels sum in float64). The trie state stays on the host
+(``kernels/rules.py`` slots); a kernel step gets a table built from them and the host slot takes the chosen move.
+
 Slots join and leave between steps (continuous batching): a finished answer's row is dropped from the key/value
 cache, and a waiting request is prefilled and merged in. Choices follow the trie decoder's rule (argmax over legal
 tokens, ties to the lower id), through ``kernels/rules.py``, so the engine picks what the reference decoder picks
@@ -19,17 +27,18 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from tooltrie.compiler.artifact import Artifact
 from tooltrie.compiler.tokenizer_info import TokenizerInfo
 from tooltrie.errors import DecodeError
 from tooltrie.kernels.rules import Move, Slot, advance, legal_moves
-from tooltrie.kernels.state import check_k, check_subset
+from tooltrie.kernels.state import BatchState, check_k, check_subset
 from tooltrie.registry.subsets import select_tools
 from tooltrie.serve.decoder import Prefix, SharedPrefixDecoder
 from tooltrie.serve.prompt import Prompt
@@ -96,7 +105,7 @@ class Engine:
     """
 
     def __init__(self, model: Any, tokenizer: TokenizerInfo, artifact: Artifact, *, max_batch: int = 16,
-                 prompt: Prompt | None = None) -> None:
+                 prompt: Prompt | None = None, decisions: str | None = None) -> None:
         artifact.check_compatible(tokenizer=tokenizer, where="engine")
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -107,6 +116,12 @@ class Engine:
         if self.head.shape[0] <= artifact.max_token_id:
             raise ValueError(f"the model's head has {self.head.shape[0]} rows; the grammar needs token "
                              f"{artifact.max_token_id}")
+        if decisions is None:
+            decisions = "cuda" if self.head.is_cuda else "torch"
+        if decisions not in DECISIONS:
+            raise ValueError(f"unknown decisions backend {decisions!r}; choose from {sorted(DECISIONS)}")
+        self.decisions = decisions
+        self._decisions = DECISIONS[decisions](self)
         self.prompt = prompt or Prompt()
         self._prompts: dict[int, tuple[str, str]] = {}  # k -> (prefix text, suffix)
         self._prefixes: dict[str, Prefix] = {}  # prefix text -> its keys and values, computed once
@@ -188,9 +203,9 @@ class Engine:
             self._admit_waiting(finished)
             self._evict(finished)
             if self._active:
-                self._forward([row for _, row in self._active])
-                for _, row in self._active:
-                    self._decide(row)
+                rows = [row for _, row in self._active]
+                self._forward(rows)
+                self._decide_all(rows)
                 self._evict(finished)
         return finished
 
@@ -218,7 +233,7 @@ class Engine:
             self._run([row for _, row, _ in admitted], [feed for _, _, feed in admitted])
             for ticket, row, _ in admitted:
                 self._active.append((ticket, row))
-                self._decide(row)
+            self._decide_all([row for _, row, _ in admitted])
 
     def _evict(self, finished: dict[int, Answer]) -> None:
         """Finished rows leave the batch and free their cache slot; their answers are handed out (a cancelled
@@ -264,10 +279,42 @@ class Engine:
             row.token_ids += row.pending
             row.pending = []
 
-    def _decide(self, row: _Row) -> None:
-        """Choose the next token at a decision point from the row's fresh hidden state, then take the forced run."""
-        if row.finish_reason is not None:
+    def _decide_all(self, rows: list[_Row]) -> None:
+        """The rows' next tokens after a forward pass: every constrained decision in one call of the decision
+        backend; rows thinking or without a grammar take the full head (``_decide_plain``). Then the forced runs."""
+        deciding: list[tuple[_Row, dict[int, Move]]] = []
+        for row in rows:
+            if row.finish_reason is not None:
+                continue
+            if row.slot is None or row.thinking:
+                self._decide_plain(row)
+                continue
+            moves = legal_moves(self.artifact.trie, row.slot, self.artifact.eos_id)
+            if not moves:
+                row.finish_reason = "error"
+            else:
+                deciding.append((row, moves))
+        if not deciding:
             return
+        choices = self._decisions([row for row, _ in deciding], [moves for _, moves in deciding])
+        for (row, moves), (token, best, runner_up, log_total) in zip(deciding, choices, strict=True):
+            move = moves.get(token)
+            if move is None:  # a kernel found no legal token (cannot happen with the full vocabulary): fail loudly
+                row.finish_reason = "error"
+                continue
+            if len(moves) > 1:
+                row.decision_points += 1
+                # The decision is about the tool still being spelled while it may go on or end here; only when
+                # every option starts the next tool (a choice among its first tokens) is it about that one.
+                choosing_next = all(m.kind == "hop" for m in moves.values())
+                assert row.slot is not None  # constrained rows only
+                tool_index = row.slot.emitted + (1 if choosing_next else 0)
+                row.scores.setdefault(tool_index, []).append((best - log_total, best - runner_up))
+            self._take(row, move)
+            self._take_forced(row)
+
+    def _decide_plain(self, row: _Row) -> None:
+        """A row thinking or without a grammar: argmax over the full head."""
         hidden = row.hidden
         assert hidden is not None  # every decision follows a forward pass
         if row.thinking:  # a reasoning model thinks freely, but may not stop before its answer
@@ -283,34 +330,15 @@ class Engine:
                 if not row.thinking:
                     self._take_forced(row)
             return
-        if row.slot is None:  # no grammar: plain greedy over the full head
-            token = int(torch.argmax(self.head @ hidden))
-            row.pending = [token]
-            if token == self.artifact.eos_id:
-                row.token_ids.append(token)
-                row.pending, row.finish_reason = [], "stop"
-            elif len(row.token_ids) + 1 >= row.request.max_new_tokens:
-                row.token_ids.append(token)
-                row.pending, row.finish_reason = [], "length"
-            return
-        moves = legal_moves(self.artifact.trie, row.slot, self.artifact.eos_id)
-        if not moves:
-            row.finish_reason = "error"
-            return
-        tokens = sorted(moves)
-        logits = (self.head[tokens] @ hidden).double()
-        best = int(torch.argmax(logits))  # first maximum: tokens ascend, so ties go to the lower id
-        if len(tokens) > 1:
-            row.decision_points += 1
-            runner_up = torch.topk(logits, 2).values[1]
-            logprob = float(logits[best] - torch.logsumexp(logits, 0))
-            # The decision is about the tool still being spelled while it may go on or end here; only when every
-            # option starts the next tool (a choice among its first tokens) is it about that one.
-            choosing_next = all(move.kind == "hop" for move in moves.values())
-            tool_index = row.slot.emitted + (1 if choosing_next else 0)
-            row.scores.setdefault(tool_index, []).append((logprob, float(logits[best] - runner_up)))
-        self._take(row, moves[tokens[best]])
-        self._take_forced(row)
+        # no grammar: plain greedy over the full head
+        token = int(torch.argmax(self.head @ hidden))
+        row.pending = [token]
+        if token == self.artifact.eos_id:
+            row.token_ids.append(token)
+            row.pending, row.finish_reason = [], "stop"
+        elif len(row.token_ids) + 1 >= row.request.max_new_tokens:
+            row.token_ids.append(token)
+            row.pending, row.finish_reason = [], "length"
 
     def _take(self, row: _Row, move: Move) -> None:
         assert row.slot is not None
@@ -345,6 +373,102 @@ class Engine:
                       text=self.tokenizer.decode(ids), forward_passes=row.forward_passes,
                       decision_points=row.decision_points, prompt_tokens=row.prompt_tokens,
                       latency_ms=(time.perf_counter() - row.started) * 1e3)
+
+
+# -- decision backends: (rows, their legal moves) -> per row (token, best, runner-up, log-sum-exp) ------------------
+
+Choice = tuple[int, float, float, float]
+DecideFn = Callable[[list[_Row], list[dict[int, Move]]], list[Choice]]
+
+
+def _torch_decisions(engine: Engine) -> DecideFn:
+    """Each row's legal rows of the head times its hidden state, in torch (float32 products, float64 after)."""
+    head = engine.head
+
+    def decide(rows: list[_Row], moves: list[dict[int, Move]]) -> list[Choice]:
+        choices = []
+        for row, row_moves in zip(rows, moves, strict=True):
+            assert row.hidden is not None  # every decision follows a forward pass
+            tokens = sorted(row_moves)
+            logits = (head[tokens] @ row.hidden).double()
+            best = int(torch.argmax(logits))  # first maximum: tokens ascend, so ties go to the lower id
+            if len(tokens) > 1:
+                runner_up, log_total = float(torch.topk(logits, 2).values[1]), float(torch.logsumexp(logits, 0))
+            else:
+                runner_up, log_total = float("-inf"), float(logits[best])
+            choices.append((tokens[best], float(logits[best]), runner_up, log_total))
+        return choices
+
+    return decide
+
+
+def _cpu_kernel_decisions(engine: Engine) -> DecideFn:
+    """The Numba walk on the CPU (``kernels/cpu.py``): one call for every deciding row, stats included."""
+    from tooltrie.kernels import cpu
+
+    weights = cpu.as_numpy_scores(engine.head)  # a view for a float32 head; half precision converted once
+    artifact = engine.artifact
+
+    def decide(rows: list[_Row], moves: list[dict[int, Move]]) -> list[Choice]:
+        state = BatchState.from_slots(artifact, [_slot(row) for row in rows])
+        hidden = cpu.as_numpy_scores(_stack_hidden(rows))
+        stats = np.empty((len(rows), 3), dtype=np.float64)
+        chosen = cpu.sparse_step(artifact, state, hidden, weights, stats=stats)
+        return _choices(chosen, stats)
+
+    return decide
+
+
+def _cuda_decisions(engine: Engine) -> DecideFn:
+    """The fused sparse-head kernel (``kernels/cuda.py``), one launch for every deciding row. Torch CUDA tensors
+    go in zero-copy on torch's current stream; under the CUDA simulator (a CPU model) host arrays are copied."""
+    from numba import cuda
+
+    from tooltrie.kernels.cuda import CudaStepper
+
+    artifact = engine.artifact
+    stepper = CudaStepper(artifact)
+    head = engine.head
+    on_gpu = bool(head.is_cuda)
+    if head.dtype == torch.bfloat16:  # Numba has no bfloat16: one float32 copy of the head
+        head = head.float()
+    weights: Any = head.contiguous() if on_gpu else head.float().cpu().numpy()
+
+    def decide(rows: list[_Row], moves: list[dict[int, Move]]) -> list[Choice]:
+        state = BatchState.from_slots(artifact, [_slot(row) for row in rows], counts=False)
+        subsets = stepper.subsets(state.allowed) if state.allowed.shape[0] else None
+        hidden = _stack_hidden(rows).to(weights.dtype) if on_gpu else _stack_hidden(rows).float().cpu().numpy()
+        if on_gpu:
+            table = torch.from_numpy(state.table).to(head.device)
+            chosen_out = torch.empty(len(rows), dtype=torch.int32, device=head.device)
+            stats_out = torch.empty((len(rows), 3), dtype=torch.float64, device=head.device)
+            stepper.sparse_step(table, hidden, weights, chosen_out, stats=stats_out, subsets=subsets)
+            return _choices(chosen_out.cpu().numpy(), stats_out.cpu().numpy())
+        chosen, stats = np.empty(len(rows), dtype=np.int32), np.empty((len(rows), 3), dtype=np.float64)
+        stepper.sparse_step(cuda.to_device(state.table), hidden, weights, chosen, stats=stats, subsets=subsets)
+        return _choices(chosen, stats)
+
+    return decide
+
+
+DECISIONS: dict[str, Callable[[Engine], DecideFn]] = {
+    "torch": _torch_decisions, "cpu-kernel": _cpu_kernel_decisions, "cuda": _cuda_decisions}
+
+
+def _slot(row: _Row) -> Slot:
+    assert row.slot is not None  # only constrained rows decide through a backend
+    return row.slot
+
+
+def _stack_hidden(rows: list[_Row]) -> torch.Tensor:
+    hidden = [row.hidden for row in rows]
+    assert all(h is not None for h in hidden)  # every decision follows a forward pass
+    return torch.stack(hidden)  # type: ignore[arg-type]
+
+
+def _choices(chosen: np.ndarray[Any, Any], stats: np.ndarray[Any, Any]) -> list[Choice]:
+    return [(int(token), float(best), float(runner_up), float(log_total))
+            for token, (best, runner_up, log_total) in zip(chosen.tolist(), stats.tolist(), strict=True)]
 
 
 def response(answer: Answer, artifact: Artifact) -> dict[str, Any]:

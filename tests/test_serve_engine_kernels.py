@@ -1,0 +1,105 @@
+"""The engine's decision backends against each other: the Numba walk on the CPU (``decisions="cpu-kernel"``) and the
+fused CUDA sparse-head kernel (``decisions="cuda"``, on a GPU or under ``NUMBA_ENABLE_CUDASIM=1``) give the same
+answers as the default torch path: the same tokens and tools, scores and margins within 1e-4 (the kernels sum in
+float64, torch multiplies in float32), with mixed k, a subset request and an unconstrained row in one batch.
+
+The tiny random Llama with SmolLM2's vocabulary, the bundled SmolLM2 tokenizer; the simulator costs ~0.1-0.4 s per
+block (one block per deciding row and step), so its cases are few.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from numba import config, cuda
+from serve_fixtures import small_artifact, tiny_model
+
+from tooltrie.compiler import Artifact, TokenizerInfo
+from tooltrie.serve.engine import Answer, Engine, Request
+
+SMALL_QUERIES = ("What is the weather in Paris?", "hi", "stock price of ACME")
+HAS_CUDA = bool(config.ENABLE_CUDASIM or cuda.is_available())
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no GPU here and NUMBA_ENABLE_CUDASIM is not set")
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    return tiny_model()
+
+
+def _small_requests() -> list[Request]:
+    """Mixed k, a subset (tool names) and an unconstrained row, decoded in one batch."""
+    q = SMALL_QUERIES
+    return [Request(q[0], 3), Request(q[1], 1), Request(q[2], 2, allow=("get", "get_users", "search", "ab")),
+            Request(q[1], 1, constrained=False, max_new_tokens=3), Request(q[0], 2, allow=("search_web", "a"))]
+
+
+def _same(got: Answer, expected: Answer) -> None:
+    assert got.token_ids == expected.token_ids
+    assert got.finish_reason == expected.finish_reason
+    assert [t.name for t in got.tools] == [t.name for t in expected.tools]
+    assert [t.score for t in got.tools] == pytest.approx([t.score for t in expected.tools], abs=1e-4)
+    assert [t.margin for t in got.tools] == pytest.approx([t.margin for t in expected.tools], abs=1e-4)
+    assert (got.forward_passes, got.decision_points, got.prompt_tokens) == (
+        expected.forward_passes, expected.decision_points, expected.prompt_tokens)
+
+
+def _compare(model: Any, tokenizer: TokenizerInfo, artifact: Artifact, requests: list[Request], decisions: str,
+             max_batch: int = 8) -> list[Answer]:
+    expected = Engine(model, tokenizer, artifact, max_batch=max_batch).run(requests)
+    engine = Engine(model, tokenizer, artifact, max_batch=max_batch, decisions=decisions)
+    assert engine.decisions == decisions
+    got = engine.run(requests)
+    for request, answer, reference in zip(requests, got, expected, strict=True):
+        _same(answer, reference)
+        if request.constrained:
+            assert answer.finish_reason == "stop" and len(answer.tools) == request.k, request
+    return got
+
+
+def test_the_default_decisions_on_cpu_are_torch_and_unknown_ones_are_refused(model: Any,
+                                                                              smollm: TokenizerInfo) -> None:
+    assert Engine(model, smollm, small_artifact(smollm)).decisions == "torch"
+    with pytest.raises(ValueError, match="unknown decisions backend"):
+        Engine(model, smollm, small_artifact(smollm), decisions="triton")
+
+
+def test_cpu_kernel_decisions_equal_torch_on_the_small_registry(model: Any, smollm: TokenizerInfo) -> None:
+    answers = _compare(model, smollm, small_artifact(smollm), _small_requests(), "cpu-kernel")
+    assert sum(a.decision_points for a in answers) > 0
+    subset = answers[2]
+    assert {t.name for t in subset.tools} <= {"get", "get_users", "search", "ab"}
+
+
+def test_cpu_kernel_decisions_equal_torch_on_the_catalog_with_continuous_batching(
+        model: Any, smollm: TokenizerInfo, catalog_artifact: Artifact) -> None:
+    q = ("What's the weather like in Paris tomorrow?", "hi", "convert 300 dollars to euros and book a hotel")
+    requests = [Request(q[0], 3), Request(q[1], 1), Request(q[2], 2), Request(q[1], 3), Request(q[2], 1)]
+    _compare(model, smollm, catalog_artifact, requests, "cpu-kernel", max_batch=2)  # rows join and leave
+
+
+@needs_cuda
+def test_cuda_decisions_equal_torch_on_the_small_registry(model: Any, smollm: TokenizerInfo,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """One launch per decision step for all deciding rows, subsets counted on the device."""
+    from tooltrie.kernels.cuda import CudaStepper
+
+    launches: list[tuple[int, bool]] = []  # (rows, with subsets)
+    sparse_step = CudaStepper.sparse_step
+
+    def spy(self: CudaStepper, table: Any, hidden: Any, *args: Any, **options: Any) -> None:
+        launches.append((int(table.shape[0]), options.get("subsets") is not None))
+        sparse_step(self, table, hidden, *args, **options)
+
+    monkeypatch.setattr(CudaStepper, "sparse_step", spy)
+    answers = _compare(model, smollm, small_artifact(smollm), _small_requests(), "cuda")
+    assert sum(a.decision_points for a in answers) > 0
+    assert max(rows for rows, _ in launches) > 1 and any(subsets for _, subsets in launches)
+
+
+@needs_cuda
+def test_cuda_decisions_equal_torch_on_the_catalog(model: Any, smollm: TokenizerInfo,
+                                                   catalog_artifact: Artifact) -> None:
+    requests = [Request("What's the weather like in Paris tomorrow?", 3), Request("hi", 2)]
+    _compare(model, smollm, catalog_artifact, requests, "cuda")
