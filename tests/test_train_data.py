@@ -1,0 +1,156 @@
+"""Reading training data: records walk the trie (their legal sets are the matcher's), and bad data is refused with
+the file, line and what to do. Also: batches (shared prefix, answer positions, candidates) and the batch stream."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from serve_fixtures import small_artifact
+from train_fixtures import SMALL_LABELLED, make_record, write_training_data
+
+from tooltrie.compiler import TokenizerInfo, compile_registry
+from tooltrie.kernels.matcher import TrieMatcher
+from tooltrie.registry import make_registry
+from tooltrie.train.batches import make_batch, shuffled_batches
+from tooltrie.train.data import TrainingDataError, load_training_data
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, smollm: TokenizerInfo) -> Path:
+    return write_training_data(tmp_path / "data", small_artifact(smollm), smollm)
+
+
+def test_records_load_with_the_legal_tokens_of_each_answer_position(data_dir: Path, smollm: TokenizerInfo) -> None:
+    artifact = small_artifact(smollm)
+    data = load_training_data(data_dir, artifact)
+    assert (len(data.train), len(data.validation)) == (len(SMALL_LABELLED), 4)
+    assert data.meta.prompt_style == "short" and data.meta.registry_sha256 == artifact.registry.sha256
+    for example, (query, tools) in zip(data.train, SMALL_LABELLED, strict=True):
+        assert (example.query, example.tools, example.k) == (query, tools, len(tools))
+        assert example.completion_ids[-1] == artifact.eos_id
+        matcher = TrieMatcher(artifact, k=example.k)
+        for token, legal in zip(example.completion_ids, example.legal, strict=True):
+            assert legal == tuple(matcher.legal_tokens() or ()) and token in legal
+            assert matcher.accept_token(token)
+        assert matcher.is_terminated()
+    assert any(len(legal) > 1 for e in data.train for legal in e.legal)  # there are choices to learn
+    assert any(len(legal) == 1 for e in data.train for legal in e.legal)  # and forced tokens
+
+
+def _rewrite(path: Path, line: int, change: dict[str, object]) -> None:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    record = json.loads(lines[line - 1])
+    record.update(change)
+    lines[line - 1] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"completion_ids": [726, 999, 2]}, r"train.jsonl:2: completion token 1 \(999\) does not follow the trie"),
+    ({"completion_ids": [726, 79]}, r"train.jsonl:2: the completion ends before the answer does"),
+    ({"k": 2}, r"train.jsonl:2: k is 2 but 1 tools are given"),
+    ({"prompt_ids": "not ids"}, r"train.jsonl:2: expected query, tools, prompt_ids and completion_ids"),
+    ({"tools": ["get_user"]}, r"train.jsonl:2: the completion names \['get_users'\], the record \['get_user'\]"),
+])
+def test_a_bad_record_is_refused_with_its_line(data_dir: Path, smollm: TokenizerInfo, change: dict[str, object],
+                                               expected: str) -> None:
+    _rewrite(data_dir / "train.jsonl", 2, change)
+    with pytest.raises(TrainingDataError, match=expected):
+        load_training_data(data_dir, small_artifact(smollm))
+
+
+def test_data_made_for_another_registry_is_refused(data_dir: Path, smollm: TokenizerInfo) -> None:
+    other = compile_registry(make_registry([{"name": "get"}, {"name": "put"}], name="other"), smollm)
+    with pytest.raises(TrainingDataError, match=r"made for registry 'small' .* not 'other' .*make training-data"):
+        load_training_data(data_dir, other)
+
+
+@pytest.mark.parametrize("problem", ["missing", "not json", "no hash"])
+def test_a_bad_meta_file_is_refused(data_dir: Path, smollm: TokenizerInfo, problem: str) -> None:
+    meta = data_dir / "meta.json"
+    if problem == "missing":
+        meta.unlink()
+    elif problem == "not json":
+        meta.write_text("{", encoding="utf-8")
+    else:
+        raw = json.loads(meta.read_text(encoding="utf-8"))
+        del raw["contract_sha256"]
+        meta.write_text(json.dumps(raw), encoding="utf-8")
+    message = {"missing": "no such file; make the training data", "not json": "unreadable",
+               "no hash": "no contract_sha256"}[problem]
+    with pytest.raises(TrainingDataError, match=message):
+        load_training_data(data_dir, small_artifact(smollm))
+
+
+def test_gen_data_output_loads(tmp_path: Path, smollm: TokenizerInfo) -> None:
+    """What ``tooltrie gen-data`` writes is what the trainer reads (a user query file, for the small registry)."""
+    training_data = pytest.importorskip("tooltrie.eval.training_data")
+    artifact = small_artifact(smollm)
+    queries = tmp_path / "queries.jsonl"
+    queries.write_text("".join(json.dumps({"query": q, "tools": list(t)}) + "\n" for q, t in SMALL_LABELLED * 3),
+                       encoding="utf-8")
+    training_data.generate_training_data(tmp_path / "gen", artifact=artifact, tokenizer=smollm,
+                                         queries=[str(queries)], descriptions=False, validation_fraction=0.25)
+    data = load_training_data(tmp_path / "gen", artifact)
+    assert data.meta.prompt_style == "short" and len(data.train) + len(data.validation) == 3 * len(SMALL_LABELLED)
+    ours = make_record(artifact, smollm, data.train[0].query, data.train[0].tools)
+    assert (list(data.train[0].prompt_ids), list(data.train[0].completion_ids)) == (ours["prompt_ids"],
+                                                                                    ours["completion_ids"])
+
+
+# --- batches ---------------------------------------------------------------------------------------------------
+
+
+def test_a_batch_shares_the_prompt_prefix_and_points_at_every_answer_token(data_dir: Path,
+                                                                           smollm: TokenizerInfo) -> None:
+    artifact = small_artifact(smollm)
+    examples = load_training_data(data_dir, artifact).train[:5]
+    batch = make_batch(examples, pad_id=artifact.eos_id)
+    shared = batch.prefix_ids.numel()
+    assert shared > 10 and all(list(e.prompt_ids[:shared]) == batch.prefix_ids.tolist() for e in examples)
+    assert len({e.prompt_ids[shared] for e in examples}) > 1  # the longest common prefix, no longer
+    assert batch.attention_mask.shape == (5, shared + batch.input_ids.shape[1])
+    position = 0
+    for row, example in enumerate(examples):
+        fed = [*example.prompt_ids, *example.completion_ids[:-1]]
+        assert batch.attention_mask[row].sum() == len(fed)
+        assert batch.input_ids[row, : len(fed) - shared].tolist() == fed[shared:]
+        for j, token in enumerate(example.completion_ids):
+            col = int(batch.answer_col[position])
+            assert int(batch.answer_row[position]) == row and int(batch.targets[position]) == token
+            # the hidden state at that column has seen exactly the prompt and the answer's first j tokens
+            assert shared + col + 1 == len(example.prompt_ids) + j
+            position += 1
+    assert position == batch.targets.numel()
+    legal = [lg for e in examples for lg in e.legal]
+    assert batch.choice.tolist() == [i for i, lg in enumerate(legal) if len(lg) > 1]
+    for c, i in enumerate(batch.choice.tolist()):
+        allowed = batch.candidates[batch.candidate_legal[c]].tolist()
+        assert allowed == list(legal[i])
+        assert int(batch.candidates[batch.choice_target[c]]) == int(batch.targets[i])
+
+    whole = make_batch(examples, pad_id=artifact.eos_id, share_prefix=False)
+    assert whole.prefix_ids.numel() == 0 and whole.targets.tolist() == batch.targets.tolist()
+    alone = make_batch(examples[:1], pad_id=artifact.eos_id)  # one row: all but the last prompt token is shared
+    assert alone.prefix_ids.numel() == len(examples[0].prompt_ids) - 1
+
+
+def test_the_batch_stream_is_seeded_full_and_covers_each_epoch(data_dir: Path, smollm: TokenizerInfo) -> None:
+    examples = load_training_data(data_dir, small_artifact(smollm)).train  # 8 examples
+
+    def take(seed: int, count: int) -> list[list[str]]:
+        stream = shuffled_batches(examples, 4, seed=seed, bucket=1)
+        return [[e.query for e in next(stream)] for _ in range(count)]
+
+    first = take(0, 6)
+    assert first == take(0, 6) and first != take(1, 6)
+    assert all(len(batch) == 4 for batch in first)
+    for epoch in range(3):
+        assert sorted(q for batch in first[2 * epoch : 2 * epoch + 2] for q in batch) == sorted(
+            e.query for e in examples)
+    odd = shuffled_batches(examples[:3], 2, seed=0)  # fewer examples than fit evenly: still full batches
+    assert [len(next(odd)) for _ in range(5)] == [2] * 5
+    with pytest.raises(ValueError, match="no examples"):
+        next(shuffled_batches([], 2, seed=0))

@@ -1,0 +1,134 @@
+"""The training loop on the tiny model: the loss falls, the run is seeded, the log and the adapter record say what
+happened, and ``tooltrie train`` runs it from the command line."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from serve_fixtures import SMALL_NAMES, small_artifact, tiny_model
+from train_fixtures import write_training_data
+
+from tooltrie.cli import main
+from tooltrie.compiler import TokenizerInfo
+from tooltrie.serve.model import model_fingerprint
+from tooltrie.train.adapter import ADAPTER_WEIGHTS_FILE, read_adapter
+from tooltrie.train.data import TrainingData, load_training_data
+from tooltrie.train.settings import LoraSettings, TrainSettings
+from tooltrie.train.trainer import TrainResult, train
+
+FAST = TrainSettings(steps=12, batch_size=4, learning_rate=2e-2, warmup_steps=2, eval_every=6, eval_examples=4,
+                     lora=LoraSettings(rank=4, alpha=8, dropout=0.0))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory, smollm: TokenizerInfo) -> TrainingData:
+    directory = write_training_data(tmp_path_factory.mktemp("data"), small_artifact(smollm), smollm)
+    return load_training_data(directory, small_artifact(smollm))
+
+
+def _train(data: TrainingData, smollm: TokenizerInfo, out: Path, settings: TrainSettings = FAST) -> TrainResult:
+    return train(data, small_artifact(smollm), copy.deepcopy(tiny_model()), base_name="tiny", output=out,
+                 settings=settings, progress=False)
+
+
+def _log(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.mark.parametrize("loss", ["plain", "trie", "both"])
+def test_the_loss_falls_and_the_run_is_recorded(data: TrainingData, smollm: TokenizerInfo, tmp_path: Path,
+                                                loss: str) -> None:
+    settings = TrainSettings(**{**FAST.__dict__, "loss": loss})
+    threads, rng = torch.get_num_threads(), torch.random.get_rng_state()
+    result = _train(data, smollm, tmp_path / "adapter", settings)
+    assert torch.get_num_threads() == threads and torch.equal(torch.random.get_rng_state(), rng)
+    log = _log(tmp_path / "adapter.log.jsonl")
+    steps = [line for line in log if "loss" in line]
+    validations = [line["validation"] for line in log if "validation" in line]
+    assert [line["step"] for line in steps] == list(range(1, 13))
+    assert [v["step"] for v in validations] == [6, 12]
+    first, last = validations[0], validations[-1]
+    assert last["loss" if loss == "plain" else "trie_loss"] < first["loss" if loss == "plain" else "trie_loss"]
+    assert sum(s["loss"] for s in steps[-3:]) < sum(s["loss"] for s in steps[:3])
+
+    record = read_adapter(result.output)
+    artifact = small_artifact(smollm)
+    assert (record.base_model, record.base_fingerprint) == ("tiny", model_fingerprint(tiny_model()))
+    assert (record.registry_name, record.registry_sha256) == ("small", artifact.registry.sha256)
+    assert record.tokenizer_fingerprint == smollm.fingerprint and record.contract_sha256 == artifact.contract.sha256
+    assert record.prompt_style == "short"
+    training = record.record["training"]
+    assert training["settings"]["loss"] == loss and training["examples_seen"] == 48
+    assert record.record["validation"] == validations and result.validation == validations[-1]
+    assert [point[0] for point in record.record["loss_curve"]] == list(range(1, 13))
+    assert record.record["lora"]["rank"] == 4 and record.record["lora"]["stored_dtype"] == "float16"
+    tensors = load_file(result.output / ADAPTER_WEIGHTS_FILE)
+    assert len(tensors) == 2 * 7 * 2  # A and B, 7 linear layers, 2 blocks
+    assert all(t.dtype == torch.float16 for t in tensors.values())
+    assert any(name.endswith("lora_B.weight") and t.abs().sum() > 0 for name, t in tensors.items())
+
+
+def test_the_same_seed_gives_the_same_adapter(data: TrainingData, smollm: TokenizerInfo, tmp_path: Path) -> None:
+    settings = TrainSettings(**{**FAST.__dict__, "steps": 4, "eval_examples": 0})
+    runs = [_train(data, smollm, tmp_path / name, settings) for name in ("a", "b")]
+    other = _train(data, smollm, tmp_path / "c", TrainSettings(**{**settings.__dict__, "seed": 1}))
+    a, b, c = (load_file(run.output / ADAPTER_WEIGHTS_FILE) for run in (*runs, other))
+    assert all(torch.equal(a[name], b[name]) for name in a)
+    assert not all(torch.equal(a[name], c[name]) for name in a)
+    assert runs[0].record["loss_curve"] == runs[1].record["loss_curve"] != other.record["loss_curve"]
+    assert runs[0].validation is None  # no validation sample asked for
+
+
+def test_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="unknown loss 'focal'"):
+        TrainSettings(loss="focal")
+    with pytest.raises(ValueError, match="steps must be at least 1"):
+        TrainSettings(steps=0)
+    with pytest.raises(ValueError, match="unknown precision"):
+        TrainSettings(precision="fp8")
+
+
+def test_tooltrie_train_writes_an_adapter(data: TrainingData, smollm: TokenizerInfo, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    base = tmp_path / "tiny"
+    tiny_model().save_pretrained(base)
+    registry = tmp_path / "small.yaml"
+    registry.write_text("name: small\ntools:\n" + "".join(f"  - name: {name}\n" for name in SMALL_NAMES),
+                        encoding="utf-8")
+    monkeypatch.setenv("TOOLTRIE_CACHE_DIR", str(tmp_path / "cache"))
+    code = main(["train", str(data.directory), "-o", str(tmp_path / "out"), "--base-model", str(base),
+                 "--tokenizer", "smollm2-135m", "--registry", str(registry), "--steps", "2", "--batch-size", "4",
+                 "--rank", "2", "--eval-examples", "4", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "8 training examples (4 for validation) of registry 'small'" in err
+    assert "tooltrie train: adapter" in err and "constrained exact" in err
+    record = read_adapter(tmp_path / "out")
+    assert record.base_model == str(base.resolve()) and record.record["lora"]["rank"] == 2
+    assert (tmp_path / "out.log.jsonl").is_file()
+
+    code = main(["train", str(data.directory), "-o", str(tmp_path / "out2"), "--base-model", str(base),
+                 "--tokenizer", "smollm2-135m", "--steps", "2", "--quiet"])  # the catalog: not what the data is for
+    assert code == 2
+    assert "made for registry 'small'" in capsys.readouterr().err
+
+
+def test_top_layers_adapts_the_last_blocks_only(data: TrainingData, smollm: TokenizerInfo, tmp_path: Path) -> None:
+    lora = LoraSettings(rank=2, alpha=4, top_layers=1)
+    settings = TrainSettings(**{**FAST.__dict__, "steps": 2, "eval_examples": 0, "lora": lora})
+    result = _train(data, smollm, tmp_path / "top", settings)
+    names = load_file(result.output / ADAPTER_WEIGHTS_FILE)
+    assert len(names) == 7 * 2 and all(".layers.1." in name for name in names)
+    assert result.record["lora"]["top_layers"] == 1
+    from tooltrie.train.lora import TrainingSetupError
+
+    with pytest.raises(TrainingSetupError, match="top_layers is 3 but the model has 2 blocks"):
+        _train(data, smollm, tmp_path / "too-many",
+               TrainSettings(**{**settings.__dict__, "lora": LoraSettings(top_layers=3)}))

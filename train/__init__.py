@@ -1,0 +1,12 @@
+"""Fine-tuning the capabilities model on the regenerated training data: LoRA adapters, small enough to commit.
+
+- ``data``: reading ``tooltrie gen-data``'s directory and checking it against the artifact (hashes, trie paths);
+- ``batches``: teacher-forced batches with the shared prompt prefix run once;
+- ``loss``: the plain and trie losses on the answer tokens, and the validation scores;
+- ``lora``: peft's LoRA layers (training only);
+- ``trainer``: the seeded loop, its log and the adapter it writes;
+- ``adapter``: the adapter directory (weights, peft config, ``tooltrie.json`` record) and its merge without peft;
+- ``command``: ``tooltrie train``.
+
+Nothing heavy is imported here: ``tooltrie.cli`` imports ``tooltrie.train.command`` at start-up.
+"""

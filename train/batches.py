@@ -1,0 +1,135 @@
+"""Batches for teacher-forced training: a shared prompt prefix, the rest of each example, and the answer positions.
+
+Every prompt starts with the same chat-template system turn (about 40 of its ~60 tokens for the ``short`` style), so
+a batch is fed as that shared prefix once (batch 1) and each example's rest after it: the model's keys and values of
+the prefix are computed once and broadcast to every row. The result is the same as feeding every example whole, for
+about a third of the tokens.
+
+Layout, for examples ``prompt_ids + completion_ids``::
+
+    prefix_ids   [L]      the longest common prefix of the batch's prompts (at least one prompt token left per row)
+    input_ids    [B, R]   prompt_ids[L:] + completion_ids[:-1], right-padded
+    attention    [B, L+R]
+    answer_row, answer_col   [P]   where the hidden state predicting each completion token sits in ``input_ids``
+    targets      [P]      the completion tokens
+
+and, for the trie loss, the answer positions with a choice (more than one legal token): their legal tokens as a
+boolean matrix over the union of those tokens.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tooltrie.train.data import Example
+
+__all__ = ["Batch", "make_batch", "shuffled_batches"]
+
+
+@dataclass(frozen=True)
+class Batch:
+    examples: tuple[Example, ...]
+    prefix_ids: torch.Tensor  # [L] long
+    input_ids: torch.Tensor  # [B, R] long
+    attention_mask: torch.Tensor  # [B, L + R] long
+    answer_row: torch.Tensor  # [P] long: the example of each answer position
+    answer_col: torch.Tensor  # [P] long: the column of input_ids whose hidden state predicts it
+    targets: torch.Tensor  # [P] long
+    choice: torch.Tensor  # [C] long: indices into the P answer positions that have more than one legal token
+    candidates: torch.Tensor  # [U] long: the union of the legal tokens at those positions, ascending
+    candidate_legal: torch.Tensor  # [C, U] bool: which candidates are legal at each choice
+    choice_target: torch.Tensor  # [C] long: the target's index in ``candidates``
+
+    @property
+    def size(self) -> int:
+        return len(self.examples)
+
+
+def make_batch(examples: Sequence[Example], *, pad_id: int, share_prefix: bool = True) -> Batch:
+    """Lay out ``examples`` as described in the module docstring; ``pad_id`` fills the padding (never attended).
+    Without ``share_prefix`` every row is fed whole (the prefix is empty)."""
+    if not examples:
+        raise ValueError("an empty batch")
+    shared = _common_prefix([e.prompt_ids for e in examples]) if share_prefix else 0
+    shared = min(shared, min(len(e.prompt_ids) for e in examples) - 1)  # each row keeps a token to predict from
+    rests = [list(e.prompt_ids[shared:]) + list(e.completion_ids[:-1]) for e in examples]
+    width = max(len(rest) for rest in rests)
+    input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(examples), shared + width), dtype=torch.long)
+    attention[:, :shared] = 1
+    rows, cols, targets, legal = [], [], [], []
+    for row, (example, rest) in enumerate(zip(examples, rests, strict=True)):
+        input_ids[row, : len(rest)] = torch.tensor(rest, dtype=torch.long)
+        attention[row, shared : shared + len(rest)] = 1
+        first = len(example.prompt_ids) - shared - 1  # the last prompt token predicts the first answer token
+        for j, token in enumerate(example.completion_ids):
+            rows.append(row)
+            cols.append(first + j)
+            targets.append(token)
+            legal.append(example.legal[j])
+    choice = [i for i, tokens in enumerate(legal) if len(tokens) > 1]
+    candidates = sorted({token for i in choice for token in legal[i]})
+    column = {token: c for c, token in enumerate(candidates)}
+    candidate_legal = torch.zeros((len(choice), len(candidates)), dtype=torch.bool)
+    for c, i in enumerate(choice):
+        candidate_legal[c, [column[token] for token in legal[i]]] = True
+    return Batch(
+        examples=tuple(examples),
+        prefix_ids=torch.tensor(examples[0].prompt_ids[:shared], dtype=torch.long),
+        input_ids=input_ids,
+        attention_mask=attention,
+        answer_row=torch.tensor(rows, dtype=torch.long),
+        answer_col=torch.tensor(cols, dtype=torch.long),
+        targets=torch.tensor(targets, dtype=torch.long),
+        choice=torch.tensor(choice, dtype=torch.long),
+        candidates=torch.tensor(candidates, dtype=torch.long),
+        candidate_legal=candidate_legal,
+        choice_target=torch.tensor([column[targets[i]] for i in choice], dtype=torch.long),
+    )
+
+
+def shuffled_batches(examples: Sequence[Example], batch_size: int, *, seed: int,
+                     bucket: int = 32) -> Iterator[list[Example]]:
+    """An endless stream of full batches of similar lengths, in a seeded random order.
+
+    Each epoch is a fresh permutation; every window of ``bucket`` batches' worth of it is sorted by length and cut
+    into batches, and the epoch's batches are shuffled. Sorting within windows cuts the padding (on the catalog
+    data the mean batch width falls from 71 to 43 tokens) while the batches stay random draws. What does not fill a
+    batch at the end of an epoch opens the next one.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if not examples:
+        raise ValueError("no examples to draw batches from")
+    rng = random.Random(seed)
+    carried: list[Example] = []
+    while True:
+        order = list(examples)
+        rng.shuffle(order)
+        order = carried + order
+        full = len(order) // batch_size * batch_size
+        order, carried = order[:full], order[full:]
+        batches = []
+        for start in range(0, full, batch_size * bucket):
+            window = sorted(order[start : start + batch_size * bucket], key=_length)
+            batches += [window[i : i + batch_size] for i in range(0, len(window), batch_size)]
+        rng.shuffle(batches)
+        yield from batches
+
+
+def _length(example: Example) -> int:
+    return len(example.prompt_ids) + len(example.completion_ids)
+
+
+def _common_prefix(sequences: Sequence[Sequence[int]]) -> int:
+    first = sequences[0]
+    length = min(len(s) for s in sequences)
+    for i in range(length):
+        token = first[i]
+        if any(s[i] != token for s in sequences):
+            return i
+    return length

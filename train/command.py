@@ -1,0 +1,105 @@
+"""``tooltrie train``: fine-tune a base model on ``tooltrie gen-data``'s directory and write a LoRA adapter.
+
+Imported by ``tooltrie.cli`` at start-up, so only the argument parsing lives at module level; torch, transformers
+and peft are imported when the command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from tooltrie.train.settings import LOSS_NAMES, PRECISION_NAMES, LoraSettings, TrainSettings
+
+__all__ = ["add_train_command", "run_train", "settings_from_args"]
+
+_DEFAULTS = TrainSettings()
+_LORA = LoraSettings()
+
+
+def add_train_command(commands: Any) -> None:
+    """Add ``train`` to the ``tooltrie`` subcommands (an ``argparse`` subparsers object)."""
+    cmd = commands.add_parser("train", help="fine-tune the default model on training data: a small LoRA adapter",
+                              description="Fine-tune a base model on the directory `tooltrie gen-data` wrote, and "
+                                          "write a LoRA adapter (weights, peft config, tooltrie.json record).")
+    cmd.add_argument("data", type=Path,
+                     help="training data directory (train.jsonl, validation.jsonl, meta.json: tooltrie gen-data)")
+    cmd.add_argument("-o", "--output", type=Path, required=True, help="adapter directory to write")
+    cmd.add_argument("--registry", type=Path, default=None,
+                     help="the registry the data was made from (default: the bundled catalog)")
+    cmd.add_argument("--base-model", default=None,
+                     help="base model directory (default: SmolLM2-135M-Instruct, without any adapter)")
+    cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the base model's)")
+    cmd.add_argument("--loss", choices=LOSS_NAMES, default=_DEFAULTS.loss,
+                     help=f"plain: whole vocabulary; trie: the trie's legal tokens only; both: their sum "
+                          f"(default {_DEFAULTS.loss})")
+    cmd.add_argument("--steps", type=_positive, default=_DEFAULTS.steps, help=f"default {_DEFAULTS.steps}")
+    cmd.add_argument("--batch-size", type=_positive, default=_DEFAULTS.batch_size,
+                     help=f"default {_DEFAULTS.batch_size}")
+    cmd.add_argument("--lr", type=float, default=_DEFAULTS.learning_rate, help=f"default {_DEFAULTS.learning_rate}")
+    cmd.add_argument("--warmup-steps", type=int, default=_DEFAULTS.warmup_steps,
+                     help=f"default {_DEFAULTS.warmup_steps}")
+    cmd.add_argument("--rank", type=_positive, default=_LORA.rank, help=f"LoRA rank (default {_LORA.rank})")
+    cmd.add_argument("--alpha", type=int, default=_LORA.alpha, help=f"LoRA alpha (default {_LORA.alpha})")
+    cmd.add_argument("--dropout", type=float, default=_LORA.dropout, help=f"LoRA dropout (default {_LORA.dropout})")
+    cmd.add_argument("--top-layers", type=_positive, default=_LORA.top_layers,
+                     help="adapt only the last N blocks: faster steps, smaller adapter (default: every block)")
+    cmd.add_argument("--seed", type=int, default=_DEFAULTS.seed, help=f"default {_DEFAULTS.seed}")
+    cmd.add_argument("--threads", type=_positive, default=_DEFAULTS.threads,
+                     help=f"torch threads (default {_DEFAULTS.threads})")
+    cmd.add_argument("--precision", choices=PRECISION_NAMES, default=_DEFAULTS.precision,
+                     help=f"autocast of the training passes (default {_DEFAULTS.precision}); validation is float32")
+    cmd.add_argument("--eval-every", type=int, default=_DEFAULTS.eval_every,
+                     help=f"steps between validations, 0: at the end only (default {_DEFAULTS.eval_every})")
+    cmd.add_argument("--eval-examples", type=int, default=_DEFAULTS.eval_examples,
+                     help=f"validation sample, 0: none (default {_DEFAULTS.eval_examples})")
+    cmd.add_argument("--log", type=Path, default=None, help="JSON-lines log (default: OUTPUT.log.jsonl beside it)")
+    cmd.add_argument("--quiet", action="store_true", help="no progress bar")
+    cmd.set_defaults(run=run_train)
+
+
+def settings_from_args(args: argparse.Namespace) -> TrainSettings:
+    lora = replace(_LORA, rank=args.rank, alpha=args.alpha, dropout=args.dropout, top_layers=args.top_layers)
+    return replace(_DEFAULTS, steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
+                   warmup_steps=args.warmup_steps, loss=args.loss, lora=lora, seed=args.seed, threads=args.threads,
+                   precision=args.precision, eval_every=args.eval_every, eval_examples=args.eval_examples)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from transformers.utils import logging as transformers_logging
+
+    from tooltrie.compiler import TokenizerInfo, compile_cached
+    from tooltrie.registry import CATALOG_PATH, load_registry
+    from tooltrie.serve.model import DEFAULT_MODEL_NAME, load_model
+    from tooltrie.train.data import load_training_data
+    from tooltrie.train.trainer import train
+
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    settings = settings_from_args(args)
+    registry = load_registry(args.registry or CATALOG_PATH)
+    model, info = load_model(args.base_model, adapter=False)
+    tokenizer = TokenizerInfo.load(args.tokenizer or info.tokenizer)
+    artifact = compile_cached(registry, tokenizer)
+    data = load_training_data(args.data, artifact)
+    base_name = DEFAULT_MODEL_NAME if info.name == DEFAULT_MODEL_NAME else str(info.path.resolve())
+    print(f"tooltrie train: {len(data.train)} training examples ({len(data.validation)} for validation) of "
+          f"registry {registry.name!r}; base {base_name}; {settings.steps} steps of {settings.batch_size}, "
+          f"{settings.loss} loss, LoRA rank {settings.lora.rank}", file=sys.stderr)
+    result = train(data, artifact, model, base_name=base_name, output=args.output, settings=settings,
+                   log_path=args.log, progress=not args.quiet)
+    size = sum(f.stat().st_size for f in result.output.iterdir() if f.is_file())
+    summary = result.validation or {}
+    print(f"tooltrie train: adapter {result.output} ({size / 1e6:.1f} MB) after {result.seconds / 60:.1f} min; "
+          f"validation: loss {summary.get('loss')}, constrained exact {summary.get('constrained_exact')}, "
+          f"unconstrained exact {summary.get('unconstrained_exact')}", file=sys.stderr)
+    return 0
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
