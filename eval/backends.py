@@ -202,11 +202,35 @@ class XGrammarArm(GenerateArm):
         return LogitsProcessor(self._grammars[k])  # one-shot: a new one per generate call
 
 
+class RetrievalArm(Arm):
+    """No language model: the top k tools by embedding similarity (all-MiniLM-L6-v2) between the query and each
+    tool's "name: description", what users often pick instead of a decoder. Always valid, never ordered by k."""
+
+    name = "retrieval"
+
+    @functools.cached_property
+    def retriever(self) -> Any:
+        from tooltrie.eval.retrieval import EmbeddingRetriever
+
+        return EmbeddingRetriever(self.setup.artifact.registry)
+
+    def predict(self, queries: Sequence[LabelledQuery]) -> list[Prediction]:
+        artifact = self.setup.artifact
+        predictions = []
+        for query in queries:
+            names = self.retriever.rank(query.query, query.k)
+            predictions.append(Prediction(text=artifact.contract.render(names),
+                                          token_ids=[*artifact.token_path(names), artifact.eos_id],
+                                          finish_reason="stop"))
+        return predictions
+
+
 ARMS: dict[str, Callable[[EvalSetup], Arm]] = {
     "engine": EngineArm,
     "hf": HfArm,
     "unconstrained": UnconstrainedArm,
     "xgrammar": XGrammarArm,
+    "retrieval": RetrievalArm,
 }
 
 

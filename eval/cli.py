@@ -38,11 +38,12 @@ def add_commands(commands: Any) -> None:
     ev.add_argument("--dataset", default="metatool-single",
                     help="NAME[:SPLIT] of a bundled set (default split: test) or a JSONL file of {query, tools}")
     ev.add_argument("--arms", default=DEFAULT_EVAL_ARMS,
-                    help=f"comma-separated: engine, hf, unconstrained, xgrammar, vllm, vllm-xgrammar, "
+                    help=f"comma-separated: engine, hf, unconstrained, xgrammar, retrieval, vllm, vllm-xgrammar, "
                          f"vllm-unconstrained (default: {DEFAULT_EVAL_ARMS})")
     ev.add_argument("--registry", type=Path, default=None, help="registry file (default: the dataset's)")
     ev.add_argument("--artifact", type=Path, default=None, help="compiled artifact (default: compiled, cached)")
     ev.add_argument("--model", default=None, help="local Hugging Face causal-LM directory (default: SmolLM2)")
+    ev.add_argument("--base", action="store_true", help="the base model alone, without the bundled adapter")
     ev.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
     ev.add_argument("--prompt-style", default=None, help="catalog or short (default: what the model expects)")
     ev.add_argument("--batch", type=int, default=8, help="answers per batch (default 8)")
@@ -111,7 +112,7 @@ def _eval(args: argparse.Namespace) -> int:
     from tooltrie.eval.harness import evaluate
     from tooltrie.eval.report import write_results
     from tooltrie.registry import CATALOG_PATH
-    from tooltrie.serve.model import load_model
+    from tooltrie.serve.model import load_model, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
@@ -122,10 +123,13 @@ def _eval(args: argparse.Namespace) -> int:
         queries = queries[: args.limit]
     if args.sample is not None and args.sample < len(queries):
         queries = [queries[i * len(queries) // args.sample] for i in range(args.sample)]
-    model, info = load_model(args.model)
+    model, info = load_model(args.model, adapter=not args.base)
     tokenizer, artifact = _registry_and_artifact(
         args.registry, args.artifact, args.tokenizer or info.tokenizer,
         registry_path(name) if bundled else CATALOG_PATH)
+    mismatch = training_mismatch(info, artifact)
+    if mismatch:
+        print(f"tooltrie eval: warning: {mismatch}", file=sys.stderr)
     check_labels(queries, artifact.registry)
     style = args.prompt_style or info.prompt_style
     setup = EvalSetup(model=model, tokenizer=tokenizer, artifact=artifact, prompt=Prompt.style(style),
@@ -134,6 +138,7 @@ def _eval(args: argparse.Namespace) -> int:
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
     meta = {"dataset": name if bundled else str(name), "split": split or ("test" if bundled else "all"),
             "model": info.name, "model_fingerprint": info.fingerprint, "prompt_style": style, "limit": args.limit,
+            "adapter": None if info.adapter is None else str(info.adapter.path),
             "sample": args.sample}
     results = evaluate(queries, arms, setup, meta=meta)
     paths = write_results(results, args.output, plots=args.plots)

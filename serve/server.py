@@ -295,7 +295,7 @@ class _BodyLimit:
 
 # -- the command ----------------------------------------------------------------------------------------------------
 
-def serve(*, registries: Sequence[Path], model: str | None = None, tokenizer: str | None = None,
+def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool = True, tokenizer: str | None = None,
           host: str = "127.0.0.1", port: int = 8000, limits: ServeLimits | None = None,
           log_level: str = "info", policy: Path | None = None, prefilter: dict[str | None, int] | None = None) -> None:
     """``tooltrie serve``: load the model, compile (or take from the cache) each registry, and serve until
@@ -306,7 +306,7 @@ def serve(*, registries: Sequence[Path], model: str | None = None, tokenizer: st
 
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.registry import load_registry
-    from tooltrie.serve.model import load_model
+    from tooltrie.serve.model import load_model, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
@@ -318,10 +318,14 @@ def serve(*, registries: Sequence[Path], model: str | None = None, tokenizer: st
     unknown = sorted(str(key) for key in (prefilter or {}) if key is not None and key not in names)
     if unknown:
         raise PrefilterError(f"--prefilter names registries {unknown}, which are not served ({', '.join(names)})")
-    loaded, info = load_model(model)
+    loaded, info = load_model(model, adapter=adapter)
     service = DiscoveryService.from_paths(registries, loaded, TokenizerInfo.load(tokenizer or info.tokenizer),
                                           prompt=Prompt.style(info.prompt_style), limits=limits, policy=tenants,
                                           prefilter=Prefilter(rankers, limits=limits_n, unavailable=why))
+    for name in names:  # the model answers validly anyway, but may not know these tools
+        mismatch = training_mismatch(info, service.served(name).artifact)
+        if mismatch:
+            print(f"tooltrie serve: warning: {name}: {mismatch}", file=sys.stderr)
     served = ", ".join(f"{summary['name']} ({summary['tools']} tools)" for summary in service.registries())
     print(f"tooltrie serve: {served} with {info.name}, on http://{host}:{port} (docs /docs, MCP {MCP_PATH})",
           file=sys.stderr)

@@ -57,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            help="registry file to serve; repeat for several, the first is the default "
                                 "(default: the bundled catalog)")
     serve_cmd.add_argument("--model", default=None, help="local Hugging Face causal-LM directory (default: SmolLM2)")
+    serve_cmd.add_argument("--base", action="store_true", help="the base model alone, without the bundled adapter")
     serve_cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
     serve_cmd.add_argument("--max-batch", type=int, default=16, help="rows decoded together; 1: no batching")
     serve_cmd.add_argument("--queue", type=int, default=128, help="requests waiting for a slot before 429")
@@ -172,8 +173,8 @@ def _serve(args: argparse.Namespace) -> int:
         if not n.isdigit():
             raise SystemExit(f"tooltrie serve: error: --prefilter takes [REGISTRY=]N, got {setting!r}")
         prefilter[name or None] = int(n)
-    serve(registries=args.registry or [CATALOG_PATH], model=args.model, tokenizer=args.tokenizer, host=args.host,
-          port=args.port, limits=limits, policy=args.policy, prefilter=prefilter)
+    serve(registries=args.registry or [CATALOG_PATH], model=args.model, adapter=not args.base, tokenizer=args.tokenizer,
+          host=args.host, port=args.port, limits=limits, policy=args.policy, prefilter=prefilter)
     return 0
 
 
