@@ -41,27 +41,10 @@ from typing import Any
 
 import httpx
 from _common import REPO_DIR, RESULTS_DIR, machine_info, percentile, print_table, write_results
+from bench_decode import QUERIES  # the same fixed queries as the decode benchmark
 
 from tooltrie.registry import CATALOG_PATH, load_registry
 
-QUERIES = (
-    "What's the weather in Paris tomorrow?",
-    "Convert 100 USD to EUR",
-    "Show me today's top headlines about the economy",
-    "Book a table for two at an Italian restaurant tonight",
-    "Find remote software engineering jobs in Berlin",
-    "I want to rent a two-bedroom apartment near downtown Seattle",
-    "Play some relaxing jazz music",
-    "What is Apple's current stock price?",
-    "Were there any earthquakes in Japan this week?",
-    "Show me NASA's astronomy picture of the day",
-    "Help me write a resume for a data analyst position",
-    "Suggest a birthday gift for my dad who likes fishing",
-    "Plan a three-day trip to Rome with sightseeing tips",
-    "Find recent research papers on graph neural networks",
-    "Compare the iPhone 15 and the Pixel 8 before I buy one",
-    "Summarize this YouTube video about climate change",
-)
 TARGET_SPEEDUP_AT_32 = 4.0  # batching on / off throughput at concurrency 32; reported, never asserted
 ON, OFF = "on", "off"
 

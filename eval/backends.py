@@ -25,6 +25,7 @@ from tooltrie.compiler.artifact import Artifact
 from tooltrie.compiler.ebnf import exactly_k_ebnf
 from tooltrie.compiler.tokenizer_info import TokenizerInfo
 from tooltrie.eval.datasets import LabelledQuery
+from tooltrie.serve.engine import shared_prefix_length
 from tooltrie.serve.prompt import Prompt
 
 
@@ -136,7 +137,7 @@ class GenerateArm(Arm):
         prefix_ids, prefix_cache = self._prefix(query.k)
         # The prompt is tokenized whole; the cached prefix serves as far as the two agree, and at least one prompt
         # token is left for generate to feed.
-        shared = min(_common_length(prefix_ids, ids), len(ids) - 1)
+        shared = min(shared_prefix_length(prefix_ids, ids), len(ids) - 1)
         cache = copy.deepcopy(prefix_cache)
         if shared < len(prefix_ids):
             cache.crop(shared - len(prefix_ids))  # a negative count: drop that many tokens from the end
@@ -246,12 +247,3 @@ def make_arm(name: str, setup: EvalSetup) -> Arm:
 
 # vLLM arms (GPU only): our logits processor, vLLM's xgrammar structured outputs, and no constraint.
 VLLM_ARMS = {"vllm": "trie", "vllm-xgrammar": "grammar", "vllm-unconstrained": "none"}
-
-
-def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
-    length = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        length += 1
-    return length

@@ -118,19 +118,31 @@ def _read_native_yaml(text: str, source: str, name: str) -> tuple[list[_Record],
     return records, declared
 
 
-def _refuse_duplicate_keys(node: yaml.Node, source: str) -> None:
-    """YAML lets a later duplicate key silently win; in a registry that is always a mistake."""
+def first_duplicate_key(node: yaml.Node) -> tuple[yaml.Node, int, int] | None:
+    """The first mapping key given twice under ``node`` (YAML lets a later one silently win): (key node, its line,
+    the first one's line), or None."""
     if isinstance(node, yaml.MappingNode):
         seen: dict[object, int] = {}
         for key, _ in node.value:
             line = key.start_mark.line + 1
             if key.value in seen:
-                raise RegistryError(f"{source}:{line}: duplicate key {key.value!r} (first at line {seen[key.value]})")
+                return key, line, seen[key.value]
             seen[key.value] = line
     if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
         for child in node.value:
             for part in child if isinstance(child, tuple) else (child,):
-                _refuse_duplicate_keys(part, source)
+                found = first_duplicate_key(part)
+                if found is not None:
+                    return found
+    return None
+
+
+def _refuse_duplicate_keys(node: yaml.Node, source: str) -> None:
+    """In a registry a duplicate key is always a mistake."""
+    found = first_duplicate_key(node)
+    if found is not None:
+        key, line, first = found
+        raise RegistryError(f"{source}:{line}: duplicate key {key.value!r} (first at line {first})")
 
 
 def _read_jsonl(text: str, source: str) -> Iterator[_Record]:

@@ -255,7 +255,7 @@ class Engine:
         # The prompt is tokenized whole, as the model would see it; the cached prefix serves as far as the two
         # agree (a query starting with a newline can merge with the prefix's last token).
         prompt_ids = self.tokenizer.encode(prefix_text + request.query + suffix)
-        shared = _common_length(prefix.ids, prompt_ids)
+        shared = shared_prefix_length(prefix.ids, prompt_ids)
         slot = Slot.start(self.artifact.trie, request.k, allowed) if request.constrained else None
         row = _Row(request=request, slot=slot, pending=[], started=time.perf_counter(),
                    prompt_tokens=len(prompt_ids), thinking=request.reasoning)
@@ -484,7 +484,8 @@ def response(answer: Answer, artifact: Artifact) -> dict[str, Any]:
     }
 
 
-def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+def shared_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share (how much of a cached prefix serves a prompt)."""
     length = 0
     for x, y in zip(a, b, strict=False):
         if x != y:

@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from tooltrie.errors import TooltrieError
+from tooltrie.registry.loader import first_duplicate_key
 
 MIN_KEY_CHARS = 16  # a plain key shorter than this is guessable; a digest's strength is the operator's business
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
@@ -204,19 +205,12 @@ def _entries(raw: Any, where: str) -> tuple[str, ...]:
 
 
 def _refuse_duplicate_keys(node: yaml.Node, source: str) -> None:
-    """YAML lets a later duplicate key silently win: a second ``acme:`` would replace the first tenant unnoticed."""
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[object, int] = {}
-        for key, _ in node.value:
-            line = key.start_mark.line + 1
-            if key.value in seen:
-                # Not quoting the field: under a misshapen 'keys' it could be an API key.
-                raise PolicyError(f"{source}:{line}: a field is given twice (first at line {seen[key.value]})")
-            seen[key.value] = line
-    if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
-        for child in node.value:
-            for part in child if isinstance(child, tuple) else (child,):
-                _refuse_duplicate_keys(part, source)
+    """A second ``acme:`` would silently replace the first tenant."""
+    found = first_duplicate_key(node)
+    if found is not None:
+        _, line, first = found
+        # Not quoting the field: under a misshapen 'keys' it could be an API key.
+        raise PolicyError(f"{source}:{line}: a field is given twice (first at line {first})")
 
 
 # -- serving without a policy -----------------------------------------------------------------------------------------

@@ -1,0 +1,51 @@
+"""The shipped default: base SmolLM2 + the bundled LoRA adapter, trained on the bundled catalog.
+
+It is small, it records what it was trained against (and that is the bundled catalog as compiled here), and it
+reloads to the same answers: a fixed sample of held-out MetaTool queries (``adapter_answers.json``, written from the
+evaluation run quoted in the README) must be answered exactly so.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tooltrie.compiler import TokenizerInfo, compile_registry
+from tooltrie.registry import CATALOG_PATH, load_registry
+from tooltrie.serve.engine import Engine, Request
+from tooltrie.serve.model import DEFAULT_ADAPTER_DIR, bundled_adapter, load_model, training_mismatch
+from tooltrie.serve.prompt import Prompt
+
+EXPECTED = Path(__file__).with_name("adapter_answers.json")
+
+pytestmark = pytest.mark.skipif(bundled_adapter() is None, reason="no adapter is shipped in serve/default_adapter")
+
+
+@pytest.fixture(scope="module")
+def default() -> tuple[Any, Any]:
+    return load_model()
+
+
+def test_the_adapter_is_small() -> None:
+    size = sum(path.stat().st_size for path in DEFAULT_ADAPTER_DIR.iterdir() if path.is_file())
+    assert size <= 10 * 2**20, f"{size:,} bytes"
+
+
+def test_the_default_was_trained_on_the_bundled_catalog(default: tuple[Any, Any]) -> None:
+    _, info = default
+    assert info.adapter is not None and info.prompt_style == "short"
+    artifact = compile_registry(load_registry(CATALOG_PATH), TokenizerInfo.load(info.tokenizer))
+    assert training_mismatch(info, artifact) is None
+
+
+def test_the_default_reproduces_its_held_out_answers(default: tuple[Any, Any]) -> None:
+    model, info = default
+    expected = json.loads(EXPECTED.read_text(encoding="utf-8"))
+    tokenizer = TokenizerInfo.load(info.tokenizer)
+    engine = Engine(model, tokenizer, compile_registry(load_registry(CATALOG_PATH), tokenizer),
+                    prompt=Prompt.style(info.prompt_style))
+    answers = engine.run([Request(case["query"], case["k"]) for case in expected])
+    assert [[t.name for t in answer.tools] for answer in answers] == [case["tools"] for case in expected]
