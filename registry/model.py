@@ -55,7 +55,18 @@ class Registry:
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
     def index(self, name: str) -> int:
+        return self.by_name[name]
+
+    @functools.cached_property
+    def by_name(self) -> dict[str, int]:
+        """Tool id by name (names are unique), built once: lookups per request stay O(1) at 100,000 tools."""
+        return {tool.name: tool_id for tool_id, tool in enumerate(self.tools)}
+
+    @functools.cached_property
+    def by_tag(self) -> dict[str, frozenset[int]]:
+        """Tool ids by tag, built once."""
+        tagged: dict[str, set[int]] = {}
         for tool_id, tool in enumerate(self.tools):
-            if tool.name == name:
-                return tool_id
-        raise KeyError(name)
+            for tag in tool.tags:
+                tagged.setdefault(tag, set()).add(tool_id)
+        return {tag: frozenset(ids) for tag, ids in tagged.items()}

@@ -30,11 +30,7 @@ def select_tools(registry: Registry, allow: Iterable[str] | None = None, deny: I
 
 
 def _resolve(registry: Registry, entries: Iterable[str], field: str, where: str) -> frozenset[int]:
-    by_name = {tool.name: i for i, tool in enumerate(registry.tools)}
-    by_tag: dict[str, set[int]] = {}
-    for i, tool in enumerate(registry.tools):
-        for tag in tool.tags:
-            by_tag.setdefault(tag, set()).add(i)
+    by_name, by_tag = registry.by_name, registry.by_tag
     chosen: set[int] = set()
     for entry in entries:
         if not isinstance(entry, str):
