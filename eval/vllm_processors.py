@@ -1,6 +1,6 @@
 """vLLM 0.33 logits processors: thin adapters that route rows and token ids to ``RequestConstraint``.
 
-Two interfaces, one per model runner (see ``../shared/notes/vllm.md``):
+Two interfaces, one per model runner (see ``docs/vllm.md``):
 
 - ``TrieLogitsProcessor`` for the V2 model runner (vLLM 0.33's default on GPUs):
   ``vllm.v1.worker.gpu.sample.logits_processor.LogitsProcessor``. Per-request state is keyed by the request's slot;
