@@ -18,8 +18,11 @@ is in effect used from the start; nothing is recompiled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
+
+import numpy as np
+import numpy.typing as npt
 
 from tooltrie.compiler.trie import CompiledTrie, phase_of
 from tooltrie.kernels import walk
@@ -42,10 +45,12 @@ class Slot:
     used: tuple[int, ...] = ()
     status: Status = Status.RUNNING
     allowed: frozenset[int] | None = None
+    # The subset's edge counts, counted once when the slot starts (every move keeps the same array).
+    allowed_counts: npt.NDArray[np.int32] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def start(cls, trie: CompiledTrie, k: int, allowed: frozenset[int] | None = None) -> Slot:
-        return cls(k=k, node=_root(trie, 0, k), allowed=allowed)
+        return cls(k=k, node=_root(trie, 0, k), allowed=allowed, allowed_counts=subset_counts(trie, allowed))
 
     @property
     def emitted(self) -> int:
@@ -66,8 +71,9 @@ def legal_moves(trie: CompiledTrie, slot: Slot, eos_id: int) -> dict[int, Move]:
     if slot.status is not Status.RUNNING:
         return {}
     phase_trie = int(trie.phase_trie[phase_of(slot.emitted, slot.k)])
+    counts = _edge_counts(trie, slot)
     moves = {int(trie.edge_token[e]): Move(int(trie.edge_token[e]), "edge", e)
-             for e in _open_edges(trie, phase_trie, slot.node, slot.depth, slot.used, slot.allowed)}
+             for e in _open_edges(trie, phase_trie, slot.node, slot.depth, slot.used, counts)}
     tool = int(trie.node_tool[slot.node])
     if tool >= 0 and tool not in slot.used and (slot.allowed is None or tool in slot.allowed):
         if slot.emitted + 1 == slot.k:
@@ -75,7 +81,7 @@ def legal_moves(trie: CompiledTrie, slot: Slot, eos_id: int) -> dict[int, Move]:
         else:
             next_trie = int(trie.phase_trie[phase_of(slot.emitted + 1, slot.k)])
             root = int(trie.trie_root[next_trie])
-            for e in _open_edges(trie, next_trie, root, 0, (*slot.used, tool), slot.allowed):
+            for e in _open_edges(trie, next_trie, root, 0, (*slot.used, tool), counts):
                 moves[int(trie.edge_token[e])] = Move(int(trie.edge_token[e]), "hop", e)
     return moves
 
@@ -94,17 +100,23 @@ def fail(slot: Slot) -> Slot:
     return replace(slot, status=Status.ERROR)
 
 
+def subset_counts(trie: CompiledTrie, allowed: frozenset[int] | None) -> npt.NDArray[np.int32] | None:
+    """How many allowed tools cross each edge (None: all of them, the compiled ``edge_tool_count``)."""
+    return None if allowed is None else trie.subset_edge_counts(np.fromiter(sorted(allowed), dtype=np.int64))
+
+
+def _edge_counts(trie: CompiledTrie, slot: Slot) -> npt.NDArray[np.int32]:
+    if slot.allowed is None:
+        return trie.edge_tool_count
+    if slot.allowed_counts is not None:
+        return slot.allowed_counts
+    return trie.subset_edge_counts(np.fromiter(sorted(slot.allowed), dtype=np.int64))  # a slot built by hand
+
+
 def _open_edges(trie: CompiledTrie, phase_trie: int, node: int, depth: int, used: tuple[int, ...],
-                allowed: frozenset[int] | None) -> list[int]:
+                edge_counts: npt.NDArray[np.int32]) -> list[int]:
     edges = trie.node_edges(node)
-    if allowed is None:
-        counts = {e: int(trie.edge_tool_count[e]) for e in edges}
-    else:  # count the allowed tools crossing each edge, as the compiler counts all of them
-        counts = dict.fromkeys(edges, 0)
-        for tool in allowed:
-            path = trie.tool_path(phase_trie, tool)
-            if depth < len(path) and int(path[depth]) in counts:
-                counts[int(path[depth])] += 1
+    counts = {e: int(edge_counts[e]) for e in edges}
     for tool in used:
         path = trie.tool_path(phase_trie, tool)
         if depth < len(path) and int(path[depth]) in counts:

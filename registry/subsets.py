@@ -24,6 +24,9 @@ from tooltrie.registry.model import Registry
 def select_tools(registry: Registry, allow: Iterable[str] | None = None, deny: Iterable[str] = (),
                  *, where: str = "request") -> frozenset[int] | None:
     """The indices of the tools allowed, or None when that is every tool (no limit to apply)."""
+    deny = tuple(deny)
+    if allow is None and not deny:  # the common request: no set built, whatever the registry's size
+        return None
     allowed = _resolve(registry, allow, "allow", where) if allow is not None else frozenset(range(len(registry)))
     allowed -= _resolve(registry, deny, "deny", where)
     return None if len(allowed) == len(registry) else allowed
