@@ -3,18 +3,23 @@ the file, line and what to do. Also: batches (shared prefix, answer positions, c
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from serve_fixtures import small_artifact
 from train_fixtures import SMALL_LABELLED, make_record, write_training_data
 
 from tooltrie.compiler import TokenizerInfo, compile_registry
 from tooltrie.kernels.matcher import TrieMatcher
 from tooltrie.registry import make_registry
-from tooltrie.train.batches import make_batch, shuffled_batches
-from tooltrie.train.data import TrainingDataError, load_training_data
+from tooltrie.train.batches import balanced_batches, make_batch, shuffled_batches, stratified_sample, stratum
+from tooltrie.train.data import Example, TrainingDataError, load_training_data
 
 
 @pytest.fixture
@@ -154,3 +159,40 @@ def test_the_batch_stream_is_seeded_full_and_covers_each_epoch(data_dir: Path, s
     assert [len(next(odd)) for _ in range(5)] == [2] * 5
     with pytest.raises(ValueError, match="no examples"):
         next(shuffled_batches([], 2, seed=0))
+
+
+def _example(query: str, *tools: str) -> Example:
+    return Example(query=query, tools=tools, prompt_ids=(1,) * (1 + len(query) % 5), completion_ids=(2,), legal=((2,),))
+
+
+def test_balanced_batches_weigh_every_gold_set_alike_and_the_rare_k_by_its_square_root() -> None:
+    # 90 queries for A, 10 for B (k = 1); 4 for the pair {A, B}, 1 for {A, C} (k = 2)
+    examples = ([_example(f"a{i}", "A") for i in range(90)] + [_example(f"b{i}", "B") for i in range(10)]
+                + [_example(f"ab{i}", *("AB" if i % 2 else "BA")) for i in range(4)] + [_example("ac", "A", "C")])
+    stream = balanced_batches(examples, 8, seed=3, bucket=4)
+    batches = [next(stream) for _ in range(1000)]
+    assert all(len(batch) == 8 for batch in batches)
+    assert [[e.query for e in b] for b in batches[:20]] == [
+        [e.query for e in b] for b in itertools.islice(balanced_batches(examples, 8, seed=3, bucket=4), 20)]
+    drawn = Counter(stratum(e) for batch in batches for e in batch)
+    total = sum(drawn.values())
+    k2_share = (drawn[frozenset("AB")] + drawn[frozenset("AC")]) / total
+    assert k2_share == pytest.approx(math.sqrt(5) / (math.sqrt(100) + math.sqrt(5)), abs=0.02)
+    assert drawn[frozenset("A")] / drawn[frozenset("B")] == pytest.approx(1, abs=0.1)  # not 9:1 as in the data
+    assert drawn[frozenset("AB")] / drawn[frozenset("AC")] == pytest.approx(1, abs=0.2)
+    b_queries = Counter(e.query for batch in batches for e in batch if e.tools == ("B",))
+    assert len(b_queries) == 10  # within a gold set every example is drawn
+    with pytest.raises(ValueError, match="no examples"):
+        next(balanced_batches([], 2, seed=0))
+
+
+@settings(deadline=None)  # a loaded CI machine must not fail a test on time
+@given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=8), count=st.integers(0, 30), seed=st.integers(0, 9))
+def test_a_stratified_sample_takes_round_robin_over_the_gold_sets(sizes: list[int], count: int, seed: int) -> None:
+    examples = [_example(f"{tool}{i}", f"T{tool}") for tool, size in enumerate(sizes) for i in range(size)]
+    sample = stratified_sample(examples, count, seed=seed)
+    assert len(sample) == min(count, len(examples)) and len({e.query for e in sample}) == len(sample)
+    taken = Counter(e.tools for e in sample)
+    for tools, size in Counter(e.tools for e in examples).items():  # no set is short while another has extra
+        assert taken[tools] == size or taken[tools] >= max(taken.values(), default=0) - 1
+    assert sample == stratified_sample(examples, count, seed=seed)

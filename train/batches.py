@@ -19,6 +19,7 @@ boolean matrix over the union of those tokens.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ import torch
 
 from tooltrie.train.data import Example
 
-__all__ = ["Batch", "make_batch", "shuffled_batches"]
+__all__ = ["Batch", "balanced_batches", "make_batch", "shuffled_batches", "stratified_sample", "stratum"]
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,61 @@ def shuffled_batches(examples: Sequence[Example], batch_size: int, *, seed: int,
             batches += [window[i : i + batch_size] for i in range(0, len(window), batch_size)]
         rng.shuffle(batches)
         yield from batches
+
+
+def balanced_batches(examples: Sequence[Example], batch_size: int, *, seed: int,
+                     bucket: int = 32) -> Iterator[list[Example]]:
+    """An endless stream of full batches drawn (with replacement, seeded) so every answer set counts alike.
+
+    The catalog's queries are far from even: FinanceTool has 1,022 training queries, ProductComparison 2, and the
+    two-tool answers are 4 % of the data. The held-out test split takes the same number of queries from every tool
+    (``eval.datasets``), so a model trained on the natural mix learns the mix's prior and misses the rare tools.
+    Here each draw picks k with weight proportional to the square root of its number of examples (the rare k gets
+    more than its share, not an equal one), then a stratum of that k (``stratum``: the unordered gold set)
+    uniformly, then one of its examples uniformly. Windows of ``bucket`` batches are sorted by length, as in
+    ``shuffled_batches``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if not examples:
+        raise ValueError("no examples to draw batches from")
+    groups: dict[int, dict[frozenset[str], list[Example]]] = {}
+    for example in examples:
+        groups.setdefault(example.k, {}).setdefault(stratum(example), []).append(example)
+    ks = sorted(groups)
+    k_weights = [math.sqrt(sum(len(members) for members in groups[k].values())) for k in ks]
+    strata = {k: [groups[k][key] for key in sorted(groups[k], key=sorted)] for k in ks}
+    rng = random.Random(seed)
+    while True:
+        draws = []
+        for k in rng.choices(ks, weights=k_weights, k=batch_size * bucket):
+            draws.append(rng.choice(rng.choice(strata[k])))
+        draws.sort(key=_length)
+        batches = [draws[i : i + batch_size] for i in range(0, len(draws), batch_size)]
+        rng.shuffle(batches)
+        yield from batches
+
+
+def stratum(example: Example) -> frozenset[str]:
+    """What the test split is stratified by: the unordered set of gold tools."""
+    return frozenset(example.tools)
+
+
+def stratified_sample(examples: Sequence[Example], count: int, *, seed: int) -> list[Example]:
+    """``count`` examples (all when fewer), taken round-robin over the strata in a seeded order, so a rare tool
+    weighs in a validation sample as it does in the test split."""
+    rng = random.Random(seed)
+    groups: dict[frozenset[str], list[Example]] = {}
+    for example in examples:
+        groups.setdefault(stratum(example), []).append(example)
+    queues = [rng.sample(members, len(members)) for _, members in sorted(groups.items(), key=lambda kv: sorted(kv[0]))]
+    rng.shuffle(queues)
+    chosen: list[Example] = []
+    while len(chosen) < min(count, len(examples)):
+        for queue in queues:
+            if queue and len(chosen) < count:
+                chosen.append(queue.pop())
+    return chosen
 
 
 def _length(example: Example) -> int:

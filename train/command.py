@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tooltrie.train.settings import LOSS_NAMES, PRECISION_NAMES, LoraSettings, TrainSettings
+from tooltrie.train.settings import LOSS_NAMES, PRECISION_NAMES, SAMPLING_NAMES, LoraSettings, TrainSettings
 
 __all__ = ["add_train_command", "run_train", "settings_from_args"]
 
@@ -36,6 +36,9 @@ def add_train_command(commands: Any) -> None:
     cmd.add_argument("--loss", choices=LOSS_NAMES, default=_DEFAULTS.loss,
                      help=f"plain: whole vocabulary; trie: the trie's legal tokens only; both: their sum "
                           f"(default {_DEFAULTS.loss})")
+    cmd.add_argument("--sampling", choices=SAMPLING_NAMES, default=_DEFAULTS.sampling,
+                     help="balanced: every gold set alike, the rare k boosted (as the test split counts); shuffled: "
+                          f"epochs of the data as it is (default {_DEFAULTS.sampling})")
     cmd.add_argument("--steps", type=_positive, default=_DEFAULTS.steps, help=f"default {_DEFAULTS.steps}")
     cmd.add_argument("--batch-size", type=_positive, default=_DEFAULTS.batch_size,
                      help=f"default {_DEFAULTS.batch_size}")
@@ -64,8 +67,9 @@ def add_train_command(commands: Any) -> None:
 def settings_from_args(args: argparse.Namespace) -> TrainSettings:
     lora = replace(_LORA, rank=args.rank, alpha=args.alpha, dropout=args.dropout, top_layers=args.top_layers)
     return replace(_DEFAULTS, steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
-                   warmup_steps=args.warmup_steps, loss=args.loss, lora=lora, seed=args.seed, threads=args.threads,
-                   precision=args.precision, eval_every=args.eval_every, eval_examples=args.eval_examples)
+                   warmup_steps=args.warmup_steps, loss=args.loss, sampling=args.sampling, lora=lora, seed=args.seed,
+                   threads=args.threads, precision=args.precision, eval_every=args.eval_every,
+                   eval_examples=args.eval_examples)
 
 
 def run_train(args: argparse.Namespace) -> int:

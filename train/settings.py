@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["LOSS_NAMES", "PRECISION_NAMES", "LoraSettings", "TrainSettings"]
+__all__ = ["LOSS_NAMES", "PRECISION_NAMES", "SAMPLING_NAMES", "LoraSettings", "TrainSettings"]
 
 LOSS_NAMES = ("plain", "trie", "both")  # train.loss.LOSSES
 PRECISION_NAMES = ("bf16", "fp32")
+SAMPLING_NAMES = ("balanced", "shuffled")  # train.batches: balanced_batches, shuffled_batches
 # Every linear layer of a Llama block: attention and MLP. The tied embedding / output layer stays frozen.
 LLAMA_LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -40,6 +41,8 @@ class TrainSettings:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     loss: str = "plain"  # "plain" (whole vocabulary) | "trie" (the legal tokens only) | "both": train.loss
+    # "balanced": every answer set alike, the rare k boosted (the test split's view); "shuffled": epochs of the data
+    sampling: str = "balanced"
     lora: LoraSettings = field(default_factory=LoraSettings)
     seed: int = 0  # data order, LoRA initialisation and dropout
     threads: int = 1  # torch threads: one is steadier than two on a CPU shared with other work
@@ -50,6 +53,8 @@ class TrainSettings:
     def __post_init__(self) -> None:
         if self.loss not in LOSS_NAMES:
             raise ValueError(f"unknown loss {self.loss!r}; choose one of {list(LOSS_NAMES)}")
+        if self.sampling not in SAMPLING_NAMES:
+            raise ValueError(f"unknown sampling {self.sampling!r}; choose one of {list(SAMPLING_NAMES)}")
         if self.precision not in PRECISION_NAMES:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {list(PRECISION_NAMES)}")
         for name in ("steps", "batch_size", "threads"):
