@@ -7,9 +7,11 @@ the held-out MetaTool test split, answered one at a time (batch 1), k = 1 and 3,
 - ``hf generate``: transformers ``model.generate`` with ``TrieLogitsProcessor`` from a cached prompt prefix (the
   evaluation harness's ``hf`` arm), greedy, full head every step.
 
-Both answer the same tokens (checked). Torch runs with one thread (see ``bench_decode.py``).
+Both answer the same tokens (checked). The model runs as ``tooltrie ask`` runs it: ``--dtype auto`` (bfloat16 on a
+CPU with native bfloat16, as this one) and torch's default threads (every core; ``--threads`` to change), so the
+machine must be otherwise idle.
 
-    python bench/bench_ask.py [--queries 20] [--ks 1,3]
+    python bench/bench_ask.py [--queries 20] [--ks 1,3] [--dtype auto] [--threads N]
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from tooltrie.compiler import TokenizerInfo, compile_registry
 from tooltrie.eval.backends import EngineArm, EvalSetup, HfArm
 from tooltrie.eval.datasets import LabelledQuery, load_split
 from tooltrie.registry import CATALOG_PATH, load_registry
-from tooltrie.serve.model import load_model
+from tooltrie.serve.model import DTYPE_NAMES, load_model, serving_dtype
 from tooltrie.serve.prompt import Prompt
 
 TARGET_K1_MS = 50.0  # issue 8: the engine's answer for k = 1, reported, never asserted
@@ -40,10 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--queries", type=int, default=20)
     parser.add_argument("--ks", default="1,3")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES, default="auto")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, every core)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    model, info = load_model()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    model, info = load_model(dtype=serving_dtype(args.dtype))
     tokenizer = TokenizerInfo.load(info.tokenizer)
     artifact = compile_registry(load_registry(CATALOG_PATH), tokenizer, progress=False)
     setup = EvalSetup(model=model, tokenizer=tokenizer, artifact=artifact, prompt=Prompt.style(info.prompt_style),
@@ -72,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
                 title=f"One answer, batch 1 (median ms; target for the engine at k = 1: <= {TARGET_K1_MS:g} ms)")
     print(f"engine and hf generate differ on {mismatches} answers")
     settings = {"model": info.name, "adapter": None if info.adapter is None else str(info.adapter.path.name),
-                "prompt_style": info.prompt_style, "queries": args.queries, "torch_threads": 1,
+                "prompt_style": info.prompt_style, "queries": args.queries, "torch_threads": torch.get_num_threads(),
+                "dtype": str(info.dtype).removeprefix("torch."),
                 "target_engine_k1_ms": TARGET_K1_MS, "load_average_at_start": machine_info()["load_average"]}
     path = write_results("ask", settings=settings, results={"rows": rows, "mismatches": mismatches,
                                                             "measured_at": time.time()}, out=args.out)

@@ -2,12 +2,13 @@
 against batching off, at several concurrencies, in one run.
 
 Two servers run side by side as subprocesses (``python -m tooltrie.cli serve``), on the default model
-(SmolLM2-135M-Instruct, float32) and the bundled 47-tool catalog: one batching (``--max-batch`` = the largest
-concurrency), one answering a request at a time (``--max-batch 1``). For each concurrency c (1, 8, 32 by default),
-c clients in this process (asyncio + httpx, one connection each) send the same fixed list of requests
-(``--requests``, the ``QUERIES`` in turn with k = 1, 2, 3 in turn), each client sending its next request when its
-last one is answered. The two servers take turns at each concurrency (the first one rotating from level to level),
-so drift on this shared machine hits both alike; the idle server uses no CPU.
+(SmolLM2-135M-Instruct with the bundled adapter; ``--dtype`` as ``tooltrie serve`` takes it, default auto) and the
+bundled 47-tool catalog: one batching (``--max-batch`` = the largest concurrency), one answering a request at a time
+(``--max-batch 1``). For each concurrency c (1, 8, 32 by default), c clients in this process (asyncio + httpx, one
+connection each) send the same fixed list of requests (``--requests``, the ``QUERIES`` in turn with k = 1, 2, 3 in
+turn), each client sending its next request when its last one is answered. The two servers take turns at each
+concurrency (the first one rotating from level to level), so drift on this shared machine hits both alike; the idle
+server uses no CPU.
 
 Measured per (batching, concurrency): throughput (answers per second of wall time from the first request to the
 last answer), client-side latency p50/p99 (queueing included), and the rows per engine step (from the server's
@@ -67,13 +68,13 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serving(name: str, *, max_batch: int, queue: int, model: str | None, torch_threads: int,
+def serving(name: str, *, max_batch: int, queue: int, model: str | None, torch_threads: int, dtype: str,
             start_timeout_s: float = 600.0) -> Iterator[Server]:
     """``tooltrie serve`` in a subprocess on a free loopback port, until its ``/healthz`` answers; stopped on exit."""
     port = _free_port()
     log = Path(tempfile.mkstemp(prefix=f"bench-serve-{name}-", suffix=".log")[1])
     command = [sys.executable, "-m", "tooltrie.cli", "serve", "--port", str(port), "--max-batch", str(max_batch),
-               "--queue", str(queue), "--timeout", "3600", *(["--model", model] if model else [])]
+               "--queue", str(queue), "--timeout", "3600", "--dtype", dtype, *(["--model", model] if model else [])]
     env = {**os.environ, "OMP_NUM_THREADS": str(torch_threads), "MKL_NUM_THREADS": str(torch_threads)}
     with open(log, "wb") as out:
         process = subprocess.Popen(command, cwd=REPO_DIR, stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -165,6 +166,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-batch", type=int, default=None, help="the batching server's --max-batch (default: "
                                                                      "the largest concurrency)")
     parser.add_argument("--model", default=None, help="model directory (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                        help="the servers' --dtype (default auto)")
     parser.add_argument("--torch-threads", type=int, default=1, help="intra-op threads per server (default 1)")
     parser.add_argument("--out", default=str(RESULTS_DIR / "serve.json"), help="results file")
     return parser.parse_args(argv)
@@ -179,15 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     names = set(load_registry(CATALOG_PATH).names)
     settings = {"model": args.model or "smollm2-135m-instruct (default)", "registry": "catalog (47 tools)",
                 "concurrency": levels, "requests": args.requests, "ks": ks, "max_batch_on": max_batch,
-                "torch_threads": args.torch_threads, "queries": list(QUERIES)}
+                "torch_threads": args.torch_threads, "dtype": args.dtype, "queries": list(QUERIES)}
     print(f"machine: {machine_info()['cpu']}, {machine_info()['usable_cores']} usable cores; settings: "
           f"{ {key: value for key, value in settings.items() if key != 'queries'} }", file=sys.stderr)
 
     rows: list[dict[str, Any]] = []
     answers: dict[str, list[list[str]]] = {ON: [], OFF: []}
     queue = max(levels) + 8
-    with serving(ON, max_batch=max_batch, queue=queue, model=args.model, torch_threads=args.torch_threads) as on, \
-            serving(OFF, max_batch=1, queue=queue, model=args.model, torch_threads=args.torch_threads) as off:
+    common = {"queue": queue, "model": args.model, "torch_threads": args.torch_threads, "dtype": args.dtype}
+    with serving(ON, max_batch=max_batch, **common) as on, serving(OFF, max_batch=1, **common) as off:
         for server in (on, off):  # warm-up: the prompt prefix is computed on first use
             asyncio.run(_load(server.url, plan[:2], 1))
         for turn, concurrency in enumerate(levels):

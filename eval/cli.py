@@ -45,6 +45,8 @@ def add_commands(commands: Any) -> None:
     ev.add_argument("--model", default=None, help="local Hugging Face causal-LM directory (default: SmolLM2)")
     ev.add_argument("--base", action="store_true", help="the base model alone, without the bundled adapter")
     ev.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
+    ev.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                    help="as served (tooltrie serve --dtype): auto is bfloat16 where the CPU has native bfloat16")
     ev.add_argument("--prompt-style", default=None, help="catalog or short (default: what the model expects)")
     ev.add_argument("--batch", type=int, default=8, help="answers per batch (default 8)")
     ev.add_argument("--limit", type=int, default=None, help="evaluate the first N queries only")
@@ -112,7 +114,7 @@ def _eval(args: argparse.Namespace) -> int:
     from tooltrie.eval.harness import evaluate
     from tooltrie.eval.report import write_results
     from tooltrie.registry import CATALOG_PATH
-    from tooltrie.serve.model import load_model, training_mismatch
+    from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
@@ -123,7 +125,7 @@ def _eval(args: argparse.Namespace) -> int:
         queries = queries[: args.limit]
     if args.sample is not None and args.sample < len(queries):
         queries = [queries[i * len(queries) // args.sample] for i in range(args.sample)]
-    model, info = load_model(args.model, adapter=not args.base)
+    model, info = load_model(args.model, adapter=not args.base, dtype=serving_dtype(args.dtype))
     tokenizer, artifact = _registry_and_artifact(
         args.registry, args.artifact, args.tokenizer or info.tokenizer,
         registry_path(name) if bundled else CATALOG_PATH)
@@ -137,7 +139,8 @@ def _eval(args: argparse.Namespace) -> int:
                       artifact_path=args.artifact)
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
     meta = {"dataset": name if bundled else str(name), "split": split or ("test" if bundled else "all"),
-            "model": info.name, "model_fingerprint": info.fingerprint, "prompt_style": style, "limit": args.limit,
+            "model": info.name, "model_fingerprint": info.fingerprint, "dtype": str(info.dtype).removeprefix("torch."),
+            "prompt_style": style, "limit": args.limit,
             "adapter": None if info.adapter is None else str(info.adapter.path),
             "sample": args.sample}
     results = evaluate(queries, arms, setup, meta=meta)

@@ -390,7 +390,7 @@ def _torch_decisions(engine: Engine) -> DecideFn:
         for row, row_moves in zip(rows, moves, strict=True):
             assert row.hidden is not None  # every decision follows a forward pass
             tokens = sorted(row_moves)
-            logits = (head[tokens] @ row.hidden).double()
+            logits = (head[tokens].float() @ row.hidden.float()).double()  # bfloat16 models decide in float32 too
             best = int(torch.argmax(logits))  # first maximum: tokens ascend, so ties go to the lower id
             if len(tokens) > 1:
                 runner_up, log_total = float(torch.topk(logits, 2).values[1]), float(torch.logsumexp(logits, 0))

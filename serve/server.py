@@ -297,16 +297,18 @@ class _BodyLimit:
 
 def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool = True, tokenizer: str | None = None,
           host: str = "127.0.0.1", port: int = 8000, limits: ServeLimits | None = None,
-          log_level: str = "info", policy: Path | None = None, prefilter: dict[str | None, int] | None = None) -> None:
+          log_level: str = "info", policy: Path | None = None, prefilter: dict[str | None, int] | None = None,
+          dtype: str = "auto") -> None:
     """``tooltrie serve``: load the model, compile (or take from the cache) each registry, and serve until
     interrupted. ``policy``: the tenants' file (None: open, on loopback only); ``prefilter``: the top N by retrieval
-    per registry name (None as the name: every registry), each also the most a request may ask for."""
+    per registry name (None as the name: every registry), each also the most a request may ask for; ``dtype``: a
+    ``serve.model.DTYPE_NAMES`` entry."""
     import uvicorn
     from transformers.utils import logging as transformers_logging
 
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.registry import load_registry
-    from tooltrie.serve.model import load_model, training_mismatch
+    from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
@@ -318,7 +320,7 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     unknown = sorted(str(key) for key in (prefilter or {}) if key is not None and key not in names)
     if unknown:
         raise PrefilterError(f"--prefilter names registries {unknown}, which are not served ({', '.join(names)})")
-    loaded, info = load_model(model, adapter=adapter)
+    loaded, info = load_model(model, adapter=adapter, dtype=serving_dtype(dtype))
     service = DiscoveryService.from_paths(registries, loaded, TokenizerInfo.load(tokenizer or info.tokenizer),
                                           prompt=Prompt.style(info.prompt_style), limits=limits, policy=tenants,
                                           prefilter=Prefilter(rankers, limits=limits_n, unavailable=why))

@@ -48,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          help="leave the adapter out: the default model (or --model adapter's base) alone")
     ask_cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
     ask_cmd.add_argument("--json", action="store_true", help="print the discovery endpoint's JSON object")
+    ask_cmd.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                         help="weights and passes: auto is bfloat16 where the CPU has native bfloat16 (AMX, "
+                              "AVX512-BF16), else float32")
     ask_cmd.set_defaults(run=_ask)
 
     serve_cmd = commands.add_parser("serve", help="serve discovery over HTTP and MCP (default: catalog, SmolLM2)")
@@ -59,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve_cmd.add_argument("--model", default=None, help="local Hugging Face causal-LM directory (default: SmolLM2)")
     serve_cmd.add_argument("--base", action="store_true", help="the base model alone, without the bundled adapter")
     serve_cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
+    serve_cmd.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                           help="weights and passes: auto is bfloat16 where the CPU has native bfloat16 (AMX, "
+                                "AVX512-BF16), else float32")
     serve_cmd.add_argument("--max-batch", type=int, default=16, help="rows decoded together; 1: no batching")
     serve_cmd.add_argument("--queue", type=int, default=128, help="requests waiting for a slot before 429")
     serve_cmd.add_argument("--timeout", type=float, default=30.0, help="seconds per request, queueing included")
@@ -129,13 +135,13 @@ def _ask(args: argparse.Namespace) -> int:
     from tooltrie.compiler import TokenizerInfo, compile_cached
     from tooltrie.registry import CATALOG_PATH, load_registry
     from tooltrie.serve.engine import Engine, Request, response
-    from tooltrie.serve.model import load_model, training_mismatch
+    from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
     # The answer is the output: no weight-loading progress bars around it.
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     registry = load_registry(args.registry or CATALOG_PATH)
-    model, info = load_model(args.model, adapter=False) if args.base else load_model(args.model)
+    model, info = load_model(args.model, adapter=not args.base, dtype=serving_dtype(args.dtype))
     tokenizer = TokenizerInfo.load(args.tokenizer or info.tokenizer)
     artifact = compile_cached(registry, tokenizer)
     mismatch = training_mismatch(info, artifact)
@@ -174,7 +180,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise SystemExit(f"tooltrie serve: error: --prefilter takes [REGISTRY=]N, got {setting!r}")
         prefilter[name or None] = int(n)
     serve(registries=args.registry or [CATALOG_PATH], model=args.model, adapter=not args.base, tokenizer=args.tokenizer,
-          host=args.host, port=args.port, limits=limits, policy=args.policy, prefilter=prefilter)
+          host=args.host, port=args.port, limits=limits, policy=args.policy, prefilter=prefilter, dtype=args.dtype)
     return 0
 
 
