@@ -195,16 +195,16 @@ class Engine:
         return len(self._active), len(self._waiting)
 
     def step(self) -> dict[int, Answer]:
-        """Admit waiting requests into free slots, run one forward pass over the batch, and return the answers
-        that finished (by ticket). A request whose decoding fails ends with ``finish_reason="error"`` without
-        touching its neighbours."""
+        """Admit waiting requests into free slots, run one forward pass over the batch (the newcomers' prompts and
+        the others' next tokens together), and return the answers that finished (by ticket). A request whose
+        decoding fails ends with ``finish_reason="error"`` without touching its neighbours."""
         finished: dict[int, Answer] = {}
         with torch.inference_mode():
-            self._admit_waiting(finished)
-            self._evict(finished)
+            self._evict(finished)  # cancelled rows leave before the pass
+            prompts = self._admit_waiting(finished)
             if self._active:
                 rows = [row for _, row in self._active]
-                self._forward(rows)
+                self._run(rows, [prompts.get(ticket, []) for ticket, _ in self._active])
                 self._decide_all(rows)
                 self._evict(finished)
         return finished
@@ -220,20 +220,19 @@ class Engine:
                               "reasoning-end marker (</think> or the like)")
         return allowed
 
-    def _admit_waiting(self, finished: dict[int, Answer]) -> None:
-        admitted: list[tuple[int, _Row, list[int]]] = []
-        while self._waiting and self._free_slots and len(self._active) + len(admitted) < self.max_batch:
+    def _admit_waiting(self, finished: dict[int, Answer]) -> dict[int, list[int]]:
+        """Waiting requests take free slots and join the batch; returns the prompt tokens (after the cached
+        prefix) each admitted ticket feeds in the coming pass. One forced from start to stop is answered here."""
+        prompts: dict[int, list[int]] = {}
+        while self._waiting and self._free_slots and len(self._active) < self.max_batch:
             ticket, request, allowed = self._waiting.popleft()
             row, feed = self._admit(request, allowed)
-            if row.finish_reason is not None:  # forced from start to stop: nothing for the model to decide
+            if row.finish_reason is not None:  # nothing for the model to decide
                 finished[ticket] = self._finish(row)
             else:
-                admitted.append((ticket, row, feed))
-        if admitted:  # one pass over the new rows' prompts (after the cached prefix) and forced starts
-            self._run([row for _, row, _ in admitted], [feed for _, _, feed in admitted])
-            for ticket, row, _ in admitted:
                 self._active.append((ticket, row))
-            self._decide_all([row for _, row, _ in admitted])
+                prompts[ticket] = feed
+        return prompts
 
     def _evict(self, finished: dict[int, Answer]) -> None:
         """Finished rows leave the batch and free their cache slot; their answers are handed out (a cancelled
@@ -264,10 +263,6 @@ class Engine:
             row.cache_slot = self._free_slots.pop()
             self.decoder.start(row.cache_slot, prefix, shared)
         return row, prompt_ids[shared:]
-
-    def _forward(self, rows: list[_Row]) -> None:
-        """One pass over every active row's pending tokens."""
-        self._run(rows, [[] for _ in rows])
 
     def _run(self, rows: list[_Row], prompts: list[list[int]]) -> None:
         """Feed each row its prompt part (if any) and pending tokens, in one forward pass."""

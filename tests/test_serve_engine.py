@@ -339,6 +339,25 @@ def test_continuous_batching_equals_one_request_at_a_time(setups: dict[str, Setu
         _same(got, expected)
 
 
+def test_newcomers_join_the_running_batch_in_its_one_pass_per_step(model: Any, smollm: TokenizerInfo,
+                                                                   catalog_artifact: Artifact) -> None:
+    engine = Engine(model, smollm, catalog_artifact, max_batch=4)
+    queries = QUERIES["catalog"]
+    tickets = [engine.submit(Request(queries[0], 3))]
+    answers: dict[int, Answer] = {}
+    passes = []
+    with _count_calls(_final_norm(engine)) as calls:
+        while engine.busy:
+            before = calls[0]
+            if len(tickets) < 6:  # one more arrives at every step while others are mid-answer
+                tickets.append(engine.submit(Request(queries[len(tickets) % len(queries)], 1 + len(tickets) % 3)))
+            answers.update(engine.step())
+            passes.append(calls[0] - before)
+    assert set(answers) == set(tickets)
+    assert max(passes) == 1  # newcomers' prompts and the others' next tokens share the step's pass
+    assert calls[0] == len(passes) - passes.count(0)
+
+
 def test_an_empty_run_answers_nothing(setups: dict[str, Setup]) -> None:
     assert setups["small"].engine.run([]) == []
 
