@@ -127,46 +127,60 @@ class SharedPrefixDecoder:
         if int((start + width).max()) > self.capacity:
             self._allocate(max(2 * self.capacity, int((start + width).max())))
         prefix_used = self._prefix_used[rows]
-        groups_of_rows = self._prefix_groups(slots)
+        groups_of_rows = self._prefix_groups(slots, prefix_used)
         tail_width = int((start + new).max())
         place = start[row_of] + offset_of  # each token's place in its row's tail
+        slot_of = rows[row_of]
         # A token sees its row's share of the prefix and the row's tail up to and including itself.
         sees_tail = torch.arange(tail_width, device=self.device) <= (start[:, None] + torch.arange(
             width, device=self.device))[..., None]  # [n, w, S]
+        # Feeds of one length (a lone row, or a step of single tokens) are already laid out by row: no scatter.
+        padded = all(len(feed) == width for feed in feeds)
+        # Consecutive slots (always so for a lone row) are read from the tail caches as views, not gathered.
+        block = slice(slots[0], slots[0] + n) if slots == list(range(slots[0], slots[0] + n)) else None
 
         hidden = self.embed(torch.tensor([t for feed in feeds for t in feed], device=self.device))  # [T, hidden]
         cos, sin = self._rotary(hidden, prefix_used[row_of] + place)
         for i, layer in enumerate(self.layers):
             q, k, v = self._project(layer, hidden, cos, sin)  # q [T, H, d]; k, v [T, KV, d]
-            self._tail_keys[i][rows[row_of], :, place] = k
-            self._tail_values[i][rows[row_of], :, place] = v
-            by_row = q.new_zeros(n, width, kv * groups, d)
-            by_row[row_of, offset_of] = q
+            self._tail_keys[i][slot_of, :, place] = k
+            self._tail_values[i][slot_of, :, place] = v
+            if padded:
+                by_row = q.view(n, width, kv * groups, d)
+            else:
+                by_row = q.new_zeros(n, width, kv * groups, d)
+                by_row[row_of, offset_of] = q
             by_row = by_row.view(n, width, kv, groups, d).permute(0, 2, 3, 1, 4).reshape(n, kv, groups * width, d)
             # Against each row's own tail: small, one product per row.
-            tail_v = self._tail_values[i][rows, :, :tail_width]  # [n, KV, S, d]
-            tail = torch.matmul(by_row, self._tail_keys[i][rows, :, :tail_width].transpose(-1, -2)).float()
+            cached = (self._tail_keys[i], self._tail_values[i])
+            tail_k, tail_v = (c[block, :, :tail_width] if block else c[rows, :, :tail_width] for c in cached)
+            tail = torch.matmul(by_row, tail_k.transpose(-1, -2)).float()  # [n, KV, G*w, S]
             tail = tail.mul_(self.scaling).view(n, kv, groups, width, tail_width).masked_fill_(
                 ~sees_tail[:, None, None], float("-inf")).view(n, kv, groups * width, tail_width)
-            out = torch.empty_like(by_row)
-            for prefix, members in groups_of_rows:
-                out[members] = self._attend(by_row[members], prefix, i, prefix_used[members], tail[members],
-                                            tail_v[members])
-            out = out.view(n, kv, groups, width, d).permute(0, 3, 1, 2, 4)[row_of, offset_of]  # [T, KV, G, d]
-            hidden = self._finish_layer(layer, hidden, out.reshape(len(row_of), -1))
+            if len(groups_of_rows) == 1:  # every row on one prefix: no split
+                prefix, _, hidden_keys = groups_of_rows[0]
+                out = self._attend(by_row, prefix, i, hidden_keys, tail, tail_v)
+            else:
+                out = torch.empty_like(by_row)
+                for prefix, members, hidden_keys in groups_of_rows:
+                    out[members] = self._attend(by_row[members], prefix, i, hidden_keys, tail[members],
+                                                tail_v[members])
+            out = out.view(n, kv, groups, width, d).permute(0, 3, 1, 2, 4)  # [n, w, KV, G, d]
+            out = out.reshape(n * width, -1) if padded else out[row_of, offset_of].reshape(len(row_of), -1)
+            hidden = self._finish_layer(layer, hidden, out)
         self.tail_length[rows] = start + new
         return self.norm(hidden[ends - 1])  # type: ignore[no-any-return]
 
-    def _attend(self, q: torch.Tensor, prefix: Prefix, layer: int, used: torch.Tensor, tail: torch.Tensor,
-                tail_values: torch.Tensor) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, prefix: Prefix, layer: int, hidden_keys: torch.Tensor | None,
+                tail: torch.Tensor, tail_values: torch.Tensor) -> torch.Tensor:
         """Attention of ``q`` [m, KV, M, d] over the shared prefix and each row's tail (scaled, masked scores
-        ``tail`` [m, KV, M, S]): one softmax over both, computed in two parts so the prefix is never copied."""
+        ``tail`` [m, KV, M, S]): one softmax over both, computed in two parts so the prefix is never copied.
+        ``hidden_keys`` [m, P] marks prefix keys a row does not see (None: every row sees the whole prefix)."""
         m, kv, rows_per, d = q.shape
         # Every row's queries against the one prefix: a single product per KV head, [KV, m*M, P].
         flat = q.transpose(0, 1).reshape(kv, m * rows_per, d)
         scores = torch.matmul(flat, prefix.keys[layer].transpose(-1, -2)).float().mul_(self.scaling)
-        if bool((used < len(prefix)).any()):  # a row whose prompt parts from the prefix early sees less of it
-            hidden_keys = torch.arange(len(prefix), device=self.device) >= used[:, None]  # [m, P]
+        if hidden_keys is not None:  # a row whose prompt parts from the prefix early sees less of it
             scores = scores.view(kv, m, rows_per, -1).masked_fill_(hidden_keys[None, :, None], float("-inf"))
             scores = scores.view(kv, m * rows_per, -1)
         top = torch.maximum(scores.amax(-1).view(kv, m, rows_per).transpose(0, 1), tail.amax(-1))  # [m, KV, M]
@@ -177,15 +191,24 @@ class SharedPrefixDecoder:
         out = out + torch.matmul(tail.to(q.dtype), tail_values)
         return out / total[..., None].to(q.dtype)
 
-    def _prefix_groups(self, slots: list[int]) -> list[tuple[Prefix, torch.Tensor]]:
-        """The prefixes the rows use, each with the positions (in ``slots``) of its rows."""
+    def _prefix_groups(self, slots: list[int],
+                       used: torch.Tensor) -> list[tuple[Prefix, torch.Tensor, torch.Tensor | None]]:
+        """The prefixes the rows use, each with the positions (in ``slots``) of its rows and which of its keys
+        each of them does not see (None when every row sees all of it: the usual case)."""
         members: dict[int, tuple[Prefix, list[int]]] = {}
         for position, slot in enumerate(slots):
             prefix = self._prefix[slot]
             if prefix is None:
                 raise ValueError(f"slot {slot} was not started")
             members.setdefault(id(prefix), (prefix, []))[1].append(position)
-        return [(prefix, torch.tensor(rows, device=self.device)) for prefix, rows in members.values()]
+        groups = []
+        for prefix, positions in members.values():
+            rows = torch.tensor(positions, device=self.device)
+            short = used[rows] < len(prefix)
+            hidden_keys = (torch.arange(len(prefix), device=self.device) >= used[rows][:, None]
+                           if bool(short.any()) else None)  # [m, P]
+            groups.append((prefix, rows, hidden_keys))
+        return groups
 
     def _rotary(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cos, sin = self.rotary(hidden[None], positions[None])
