@@ -9,9 +9,11 @@ block (one block per deciding row and step), so its cases are few.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
+import torch
 from numba import config, cuda
 from serve_fixtures import small_artifact, tiny_model
 
@@ -77,6 +79,15 @@ def test_cpu_kernel_decisions_equal_torch_on_the_catalog_with_continuous_batchin
     q = ("What's the weather like in Paris tomorrow?", "hi", "convert 300 dollars to euros and book a hotel")
     requests = [Request(q[0], 3), Request(q[1], 1), Request(q[2], 2), Request(q[1], 3), Request(q[2], 1)]
     _compare(model, smollm, catalog_artifact, requests, "cpu-kernel", max_batch=2)  # rows join and leave
+
+
+def test_a_bfloat16_model_decides_in_float32_on_every_backend(model: Any, smollm: TokenizerInfo) -> None:
+    """``--dtype bfloat16`` (the default where the CPU has it): the passes run in bfloat16, the decisions multiply
+    the legal head rows by the hidden state in float32 on the torch path as in the kernel, so both agree to 1e-4
+    (bfloat16 products would differ by ~1e-2 and tie often)."""
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    answers = _compare(half, smollm, small_artifact(smollm), _small_requests(), "cpu-kernel")
+    assert sum(a.decision_points for a in answers) > 0
 
 
 @needs_cuda

@@ -35,6 +35,7 @@ from tooltrie.serve.model import (
     locate_default_gguf,
     locate_default_model,
     model_fingerprint,
+    serving_dtype,
     tiny_llama,
 )
 
@@ -399,3 +400,12 @@ def test_default_answers_a_chat_prompt(real_default: dict[str, Any]) -> None:
         out = real_default["model"].generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
     answer = tokenizer.decode(out[0, len(ids):])
     assert "Paris" in answer, answer
+
+
+def test_the_serving_dtype_is_bfloat16_only_where_the_cpu_has_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (serving_dtype("float32"), serving_dtype("bfloat16")) == (torch.float32, torch.bfloat16)
+    for native, expected in ((True, torch.bfloat16), (False, torch.float32)):
+        monkeypatch.setattr(model_mod, "_native_bf16", lambda native=native: native)
+        assert serving_dtype("auto") == expected == serving_dtype()
+    with pytest.raises(ValueError, match=r"unknown dtype 'half'; choose one of \['auto', 'float32', 'bfloat16'\]"):
+        serving_dtype("half")
