@@ -1,8 +1,8 @@
 """The shipped default: base SmolLM2 + the bundled LoRA adapter, trained on the bundled catalog.
 
 It is small, it records what it was trained against (and that is the bundled catalog as compiled here), and it
-reloads to the same answers: a fixed sample of held-out MetaTool queries (``adapter_answers.json``, written from the
-evaluation run quoted in the README) must be answered exactly so.
+reloads to the same answers: a fixed sample of held-out MetaTool queries (``adapter_answers.json``, written by
+``write_adapter_answers.py`` when the adapter was shipped) must be answered exactly so, in the dtype it is served in.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from tooltrie.compiler import TokenizerInfo, compile_registry
 from tooltrie.registry import CATALOG_PATH, load_registry
 from tooltrie.serve.engine import Engine, Request
-from tooltrie.serve.model import DEFAULT_ADAPTER_DIR, bundled_adapter, load_model, training_mismatch
+from tooltrie.serve.model import DEFAULT_ADAPTER_DIR, bundled_adapter, load_model, serving_dtype, training_mismatch
 from tooltrie.serve.prompt import Prompt
 
 EXPECTED = Path(__file__).with_name("adapter_answers.json")
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(bundled_adapter() is None, reason="no adapter is
 
 @pytest.fixture(scope="module")
 def default() -> tuple[Any, Any]:
-    return load_model()
+    return load_model(dtype=serving_dtype())
 
 
 def test_the_adapter_is_small() -> None:
