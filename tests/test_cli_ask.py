@@ -43,7 +43,8 @@ def default_model() -> tuple[Any, Any]:
 def ask(default_model: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> Ask:
     def load_model(model: str | Path | None = None, **options: Any) -> tuple[Any, Any]:
-        assert model is None and not options, "these tests ask the default model only"
+        assert model is None and options.get("adapter", True), "these tests ask the default model only"
+        assert set(options) <= {"adapter", "dtype"} and options.get("dtype") in (None, model_module.serving_dtype())
         return default_model
 
     monkeypatch.setattr(model_module, "load_model", load_model)

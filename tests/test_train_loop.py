@@ -22,8 +22,10 @@ from tooltrie.train.data import TrainingData, load_training_data
 from tooltrie.train.settings import LoraSettings, TrainSettings
 from tooltrie.train.trainer import TrainResult, train
 
+# Shuffled epochs: every step of the tiny run sees the data evenly, so "the loss falls" is not left to the draws
+# (balanced sampling, the default, draws with replacement; test_a_balanced_run_draws_and_records_its_sampling).
 FAST = TrainSettings(steps=12, batch_size=4, learning_rate=2e-2, warmup_steps=2, eval_every=6, eval_examples=4,
-                     lora=LoraSettings(rank=4, alpha=8, dropout=0.0))
+                     lora=LoraSettings(rank=4, alpha=8, dropout=0.0), sampling="shuffled")
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +41,15 @@ def _train(data: TrainingData, smollm: TokenizerInfo, out: Path, settings: Train
 
 def _log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_a_balanced_run_draws_and_records_its_sampling(data: TrainingData, smollm: TokenizerInfo,
+                                                        tmp_path: Path) -> None:
+    assert TrainSettings().sampling == "balanced"
+    settings = TrainSettings(**{**FAST.__dict__, "steps": 3, "eval_every": 0, "sampling": "balanced"})
+    result = _train(data, smollm, tmp_path / "adapter", settings)
+    assert [line["step"] for line in _log(tmp_path / "adapter.log.jsonl") if "loss" in line] == [1, 2, 3]
+    assert read_adapter(result.output).record["training"]["settings"]["sampling"] == "balanced"
 
 
 @pytest.mark.parametrize("loss", ["plain", "trie", "both"])
