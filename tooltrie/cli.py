@@ -48,9 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          help="leave the adapter out: the default model (or --model adapter's base) alone")
     ask_cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
     ask_cmd.add_argument("--json", action="store_true", help="print the discovery endpoint's JSON object")
-    ask_cmd.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                         help="weights and passes: auto is bfloat16 where the CPU has native bfloat16 (AMX, "
-                              "AVX512-BF16), else float32")
+    _add_dtype_option(ask_cmd)
     ask_cmd.set_defaults(run=_ask)
 
     serve_cmd = commands.add_parser("serve", help="serve discovery over HTTP and MCP (default: catalog, SmolLM2)")
@@ -62,9 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve_cmd.add_argument("--model", default=None, help="local Hugging Face causal-LM directory (default: SmolLM2)")
     serve_cmd.add_argument("--base", action="store_true", help="the base model alone, without the bundled adapter")
     serve_cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
-    serve_cmd.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                           help="weights and passes: auto is bfloat16 where the CPU has native bfloat16 (AMX, "
-                                "AVX512-BF16), else float32")
+    _add_dtype_option(serve_cmd)
     serve_cmd.add_argument("--max-batch", type=int, default=16, help="rows decoded together; 1: no batching")
     serve_cmd.add_argument("--queue", type=int, default=128, help="requests waiting for a slot before 429")
     serve_cmd.add_argument("--timeout", type=float, default=30.0, help="seconds per request, queueing included")
@@ -127,6 +123,13 @@ def _decode(args: argparse.Namespace) -> int:
     for line in decode_demo(artifact, tokenizer, k=args.k, batch=args.batch, seed=args.seed, logits=args.logits):
         print(json.dumps(line, ensure_ascii=False))
     return 0
+
+
+def _add_dtype_option(command: argparse.ArgumentParser) -> None:
+    # The names of serve.model.DTYPE_NAMES, spelled out so --help needs no torch import.
+    command.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                         help="weights and passes: auto is bfloat16 where the CPU has native bfloat16 (AMX, "
+                              "AVX512-BF16), else float32")
 
 
 def _ask(args: argparse.Namespace) -> int:
