@@ -6,9 +6,14 @@ prefix per row, and every decoding step copies and re-reads all of them: at batc
 time. Here the prefix's keys and values are computed once and stored once; each row keeps only its own tail, in a
 cache preallocated per slot (rows join and leave without moving the others). Attention scores against the shared
 prefix and against the row's tail are computed apart and normalised together by one softmax, which is exactly
-attention over their concatenation.
+attention over their concatenation; or, when that costs little (a short prefix), the prefix's keys are joined to
+the tails and one fused attention call runs.
 
-The weights are the Hugging Face model's own modules (embeddings, norms, projections, MLPs, rotary embedding), so
+A small model's pass over a few dozen tokens on a CPU is mostly per-operation overhead, so a layer is written in few
+operations: q, k and v as one projection, gate and up as another, queries and keys rotated together, ``F.rms_norm``,
+fused attention; and in bfloat16 the projections' weights are prepacked for oneDNN.
+
+The weights are the Hugging Face model's own (embeddings, norms, projections, MLPs, rotary embedding), so
 the results match ``model(...)`` up to float rounding (``tests/test_serve_decoder.py`` checks it). Supported:
 Llama-family decoders (Llama, SmolLM, Mistral, Qwen2: q/k/v/o projections, RMSNorm, rotary embeddings, no
 sliding window).
@@ -16,11 +21,13 @@ sliding window).
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+import torch.nn.functional as F
 
 from tooltrie.errors import ModelError
 
@@ -39,23 +46,35 @@ class Prefix:
         return len(self.ids)
 
 
-class SharedPrefixDecoder:
-    """Runs ``model``'s decoder for up to ``slots`` rows at once, each row a prefix (shared) plus its own tail."""
+# A prefix, the positions of its rows in a pass, and which of its keys each of them does not see (None: all seen).
+PrefixGroup = tuple[Prefix, torch.Tensor, torch.Tensor | None]
 
-    def __init__(self, model: Any, slots: int, *, capacity: int = 64) -> None:
+
+class SharedPrefixDecoder:
+    """Runs ``model``'s decoder for up to ``slots`` rows at once, each row a prefix (shared) plus its own tail.
+
+    A pass attends in one of two ways. When its rows share one prefix and ``join_limit`` allows, the prefix's keys
+    are joined to each row's tail and one fused attention call does the rest (with the short prompt: always, and the
+    fewest operations, which is what a lone ``ask`` waits on). Otherwise (rows on several prefixes, or a long prefix
+    times many rows, which the join would copy every layer) scores against the prefix and the tails are computed
+    apart and normalised together."""
+
+    def __init__(self, model: Any, slots: int, *, capacity: int = 64, join_limit: int = 4096) -> None:
         config = model.config
         model_type = getattr(config, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES or getattr(config, "sliding_window", None):
             raise ModelError(f"the engine runs Llama-style decoders ({', '.join(SUPPORTED_MODEL_TYPES)}, no "
                              f"sliding window); this model is {model_type!r}")
         decoder = model.get_decoder()
-        self.embed, self.layers, self.norm, self.rotary = (decoder.embed_tokens, decoder.layers, decoder.norm,
-                                                           decoder.rotary_emb)
-        attention = self.layers[0].self_attn
+        self.embed, self.norm, self.rotary = decoder.embed_tokens, decoder.norm, decoder.rotary_emb
+        self.blocks = _blocks(decoder)
+        attention = decoder.layers[0].self_attn
         self.head_dim = attention.head_dim
+        self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
-        self.groups = config.num_attention_heads // self.kv_heads
+        self.groups = self.heads // self.kv_heads
         self.scaling = attention.scaling
+        self.join_limit = join_limit  # most prefix keys (rows x prefix length) a pass joins to the tails
         weight = self.embed.weight
         self.device, self.dtype = weight.device, weight.dtype
         self.slots = slots
@@ -71,7 +90,7 @@ class SharedPrefixDecoder:
         shape = (self.slots, self.kv_heads, capacity, self.head_dim)
         old = len(self._tail_keys) > 0
         for store in (self._tail_keys, self._tail_values):
-            for i in range(len(self.layers)):
+            for i in range(len(self.blocks)):
                 fresh = torch.zeros(shape, dtype=self.dtype, device=self.device)
                 if old:
                     fresh[:, :, : store[i].shape[2]] = store[i]
@@ -87,15 +106,13 @@ class SharedPrefixDecoder:
         keys, values = [], []
         hidden = self.embed(torch.tensor(ids, device=self.device))
         cos, sin = self._rotary(hidden, torch.arange(len(ids), device=self.device))
-        causal = torch.ones(len(ids), len(ids), dtype=torch.bool, device=self.device).tril()
-        for layer in self.layers:
-            q, k, v = (x.transpose(0, 1) for x in self._project(layer, hidden, cos, sin))  # [heads, P, d]
+        for block in self.blocks:
+            q, k, v = (x.transpose(0, 1) for x in self._project(block, hidden, cos, sin))  # [heads, P, d]
             keys.append(k.contiguous())
             values.append(v.contiguous())
-            scores = torch.matmul(q, _repeat(k, self.groups).transpose(-1, -2)) * self.scaling
-            weights = torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1, dtype=torch.float32)
-            out = torch.matmul(weights.to(v.dtype), _repeat(v, self.groups))  # [H, P, d]
-            hidden = self._finish_layer(layer, hidden, out.transpose(0, 1).reshape(len(ids), -1))
+            out = F.scaled_dot_product_attention(q, keys[-1], values[-1], is_causal=True, scale=self.scaling,
+                                                 enable_gqa=self.groups > 1)  # [H, P, d]
+            hidden = self._finish_block(block, hidden, out.transpose(0, 1).reshape(len(ids), -1))
         return Prefix(ids=tuple(ids), keys=keys, values=values)
 
     def start(self, slot: int, prefix: Prefix, used: int) -> None:
@@ -134,6 +151,12 @@ class SharedPrefixDecoder:
         # A token sees its row's share of the prefix and the row's tail up to and including itself.
         sees_tail = torch.arange(tail_width, device=self.device) <= (start[:, None] + torch.arange(
             width, device=self.device))[..., None]  # [n, w, S]
+        joined = len(groups_of_rows) == 1 and n * len(groups_of_rows[0][0]) <= self.join_limit
+        if joined:
+            prefix, _, hidden_keys = groups_of_rows[0]
+            sees_prefix = (torch.ones(n, len(prefix), dtype=torch.bool, device=self.device) if hidden_keys is None
+                           else ~hidden_keys)
+            sees = torch.cat((sees_prefix[:, None, None].expand(-1, -1, width, -1), sees_tail[:, None]), dim=-1)
         # Feeds of one length (a lone row, or a step of single tokens) are already laid out by row: no scatter.
         padded = all(len(feed) == width for feed in feeds)
         # Consecutive slots (always so for a lone row) are read from the tail caches as views, not gathered.
@@ -141,7 +164,7 @@ class SharedPrefixDecoder:
 
         hidden = self.embed(torch.tensor([t for feed in feeds for t in feed], device=self.device))  # [T, hidden]
         cos, sin = self._rotary(hidden, prefix_used[row_of] + place)
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.blocks):
             q, k, v = self._project(layer, hidden, cos, sin)  # q [T, H, d]; k, v [T, KV, d]
             self._tail_keys[i][slot_of, :, place] = k
             self._tail_values[i][slot_of, :, place] = v
@@ -150,26 +173,41 @@ class SharedPrefixDecoder:
             else:
                 by_row = q.new_zeros(n, width, kv * groups, d)
                 by_row[row_of, offset_of] = q
-            by_row = by_row.view(n, width, kv, groups, d).permute(0, 2, 3, 1, 4).reshape(n, kv, groups * width, d)
-            # Against each row's own tail: small, one product per row.
             cached = (self._tail_keys[i], self._tail_values[i])
             tail_k, tail_v = (c[block, :, :tail_width] if block else c[rows, :, :tail_width] for c in cached)
-            tail = torch.matmul(by_row, tail_k.transpose(-1, -2)).float()  # [n, KV, G*w, S]
-            tail = tail.mul_(self.scaling).view(n, kv, groups, width, tail_width).masked_fill_(
-                ~sees_tail[:, None, None], float("-inf")).view(n, kv, groups * width, tail_width)
-            if len(groups_of_rows) == 1:  # every row on one prefix: no split
-                prefix, _, hidden_keys = groups_of_rows[0]
-                out = self._attend(by_row, prefix, i, hidden_keys, tail, tail_v)
+            if joined:
+                keys = torch.cat((prefix.keys[i].expand(n, -1, -1, -1), tail_k), dim=2)  # [n, KV, P+S, d]
+                values = torch.cat((prefix.values[i].expand(n, -1, -1, -1), tail_v), dim=2)
+                out = F.scaled_dot_product_attention(by_row.transpose(1, 2), keys, values, attn_mask=sees,
+                                                     scale=self.scaling, enable_gqa=groups > 1)  # [n, H, w, d]
+                out = out.transpose(1, 2)  # [n, w, H, d]
             else:
-                out = torch.empty_like(by_row)
-                for prefix, members, hidden_keys in groups_of_rows:
-                    out[members] = self._attend(by_row[members], prefix, i, hidden_keys, tail[members],
-                                                tail_v[members])
-            out = out.view(n, kv, groups, width, d).permute(0, 3, 1, 2, 4)  # [n, w, KV, G, d]
+                out = self._attend_apart(by_row, groups_of_rows, i, tail_k, tail_v, sees_tail)
             out = out.reshape(n * width, -1) if padded else out[row_of, offset_of].reshape(len(row_of), -1)
-            hidden = self._finish_layer(layer, hidden, out)
+            hidden = self._finish_block(layer, hidden, out)
         self.tail_length[rows] = start + new
         return self.norm(hidden[ends - 1])  # type: ignore[no-any-return]
+
+    def _attend_apart(self, by_row: torch.Tensor, groups_of_rows: list[PrefixGroup], layer: int,
+                       tail_k: torch.Tensor, tail_v: torch.Tensor, sees_tail: torch.Tensor) -> torch.Tensor:
+        """Attention of the queries ``by_row`` [n, w, H, d] over each row's prefix and tail, the two scored apart
+        (the prefix is never copied); returns [n, w, H, d]."""
+        n, width, _, d = by_row.shape
+        kv, groups, tail_width = self.kv_heads, self.groups, tail_k.shape[2]
+        grouped = by_row.view(n, width, kv, groups, d).permute(0, 2, 3, 1, 4).reshape(n, kv, groups * width, d)
+        # Against each row's own tail: small, one product per row.
+        tail = torch.matmul(grouped, tail_k.transpose(-1, -2)).float()  # [n, KV, G*w, S]
+        tail = tail.mul_(self.scaling).view(n, kv, groups, width, tail_width).masked_fill_(
+            ~sees_tail[:, None, None], float("-inf")).view(n, kv, groups * width, tail_width)
+        if len(groups_of_rows) == 1:  # every row on one prefix: no split
+            prefix, _, hidden_keys = groups_of_rows[0]
+            out = self._attend(grouped, prefix, layer, hidden_keys, tail, tail_v)
+        else:
+            out = torch.empty_like(grouped)
+            for prefix, members, hidden_keys in groups_of_rows:
+                out[members] = self._attend(grouped[members], prefix, layer, hidden_keys, tail[members],
+                                            tail_v[members])
+        return out.view(n, kv, groups, width, d).permute(0, 3, 1, 2, 4).reshape(n, width, kv * groups, d)
 
     def _attend(self, q: torch.Tensor, prefix: Prefix, layer: int, hidden_keys: torch.Tensor | None,
                 tail: torch.Tensor, tail_values: torch.Tensor) -> torch.Tensor:
@@ -191,8 +229,7 @@ class SharedPrefixDecoder:
         out = out + torch.matmul(tail.to(q.dtype), tail_values)
         return out / total[..., None].to(q.dtype)
 
-    def _prefix_groups(self, slots: list[int],
-                       used: torch.Tensor) -> list[tuple[Prefix, torch.Tensor, torch.Tensor | None]]:
+    def _prefix_groups(self, slots: list[int], used: torch.Tensor) -> list[PrefixGroup]:
         """The prefixes the rows use, each with the positions (in ``slots``) of its rows and which of its keys
         each of them does not see (None when every row sees all of it: the usual case)."""
         members: dict[int, tuple[Prefix, list[int]]] = {}
@@ -214,24 +251,99 @@ class SharedPrefixDecoder:
         cos, sin = self.rotary(hidden[None], positions[None])
         return cos[0], sin[0]
 
-    def _project(self, layer: Any, hidden: torch.Tensor, cos: torch.Tensor,
+    def _project(self, block: _Block, hidden: torch.Tensor, cos: torch.Tensor,
                  sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries [T, H, d], keys and values [T, KV, d] of packed tokens, rotary positions applied."""
-        attention, x = layer.self_attn, layer.input_layernorm(hidden)
-        shape = (x.shape[0], -1, self.head_dim)
-        q = attention.q_proj(x).view(shape)
-        k = attention.k_proj(x).view(shape)
-        v = attention.v_proj(x).view(shape)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)
-        return q, k, v
+        x = F.rms_norm(hidden, block.norm_shape, block.input_norm, block.eps)
+        qkv = block.qkv(x).view(x.shape[0], -1, self.head_dim)
+        heads = self.heads
+        qk = _rotate(qkv[:, : heads + self.kv_heads], cos, sin)  # queries and keys turned together
+        return qk[:, :heads], qk[:, heads:], qkv[:, heads + self.kv_heads :]
 
     @staticmethod
-    def _finish_layer(layer: Any, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        """Output projection and residual, then the MLP block with its residual (packed tokens [T, ...])."""
-        hidden = hidden + layer.self_attn.o_proj(attended)
-        return hidden + layer.mlp(layer.post_attention_layernorm(hidden))  # type: ignore[no-any-return]
+    def _finish_block(block: _Block, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """Output projection and residual, then the MLP with its residual (packed tokens [T, ...])."""
+        hidden = hidden + block.o(attended)
+        gate, up = block.gate_up(F.rms_norm(hidden, block.norm_shape, block.post_norm, block.eps)).chunk(2, dim=-1)
+        return hidden + block.down(block.act(gate) * up)
 
 
-def _repeat(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """Key/value heads repeated for the query heads that share them (grouped-query attention)."""
-    return x.repeat_interleave(groups, dim=0) if groups > 1 else x
+class _Linear:
+    """``x @ W.T + b`` with ``W`` (and ``b``) given as the stacked weights of one or more of the model's layers.
+
+    In bfloat16 on a CPU the weight is also kept prepacked in oneDNN's layout (the op torch's own compiler emits for
+    frozen CPU graphs): the same products, bit for bit, but at the few-row shapes of a pass ~1.4-2x faster than
+    ``F.linear``, which repacks the weight on every call. Elsewhere, or where this torch lacks the op, ``F.linear``.
+    """
+
+    def __init__(self, layers: Sequence[Any]) -> None:
+        self.weight = torch.cat([layer.weight.detach() for layer in layers])
+        biases = [layer.bias for layer in layers]
+        self.bias = None if all(b is None for b in biases) else torch.cat(
+            [layer.bias.detach() if layer.bias is not None else layer.weight.new_zeros(layer.out_features)
+             for layer in layers])
+        self.packed = _prepacked(self.weight)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")  # type: ignore[no-any-return]
+
+
+def _prepacked(weight: torch.Tensor) -> torch.Tensor | None:
+    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        with torch.no_grad():
+            return torch.ops.mkldnn._reorder_linear_weight(weight, _PACKED_FOR_ROWS)  # type: ignore[no-any-return]
+    except (AttributeError, RuntimeError):  # an op this torch build does not have
+        return None
+
+
+_PACKED_FOR_ROWS = 32  # the row count oneDNN's layout is chosen for: a prompt's tail, or a batch of rows
+
+
+class _Block:
+    """One decoder layer's weights as the pass uses them: the model's own tensors, with q, k and v stacked into one
+    projection and gate and up into another (one matrix product each, not three and two) and the norms run as
+    ``F.rms_norm`` (one operation instead of eight). The stacked weights are copies (a model's worth of linear
+    weights, shared by every decoder on the model: ``_blocks``)."""
+
+    def __init__(self, layer: Any) -> None:
+        attention, mlp = layer.self_attn, layer.mlp
+        self.qkv = _Linear([attention.q_proj, attention.k_proj, attention.v_proj])
+        self.o = _Linear([attention.o_proj])
+        self.gate_up = _Linear([mlp.gate_proj, mlp.up_proj])
+        self.down = _Linear([mlp.down_proj])
+        self.act = mlp.act_fn
+        self.input_norm = layer.input_layernorm.weight.detach()
+        self.post_norm = layer.post_attention_layernorm.weight.detach()
+        self.norm_shape = (self.input_norm.shape[0],)
+        self.eps = layer.input_layernorm.variance_epsilon
+        self.source = _identity(layer)
+
+
+def _identity(layer: Any) -> tuple[tuple[int, int], ...]:
+    """Where a layer's weights live and how often they were changed in place: a change means new blocks."""
+    return tuple((p.data_ptr(), p._version) for p in layer.parameters())
+
+
+_BLOCKS: weakref.WeakKeyDictionary[Any, list[_Block]] = weakref.WeakKeyDictionary()
+
+
+def _blocks(decoder: Any) -> list[_Block]:
+    """The blocks of ``decoder``'s layers, built once per model and shared (engines for several registries run on
+    one model); rebuilt if its weights were replaced or changed in place since."""
+    blocks = _BLOCKS.get(decoder)
+    if blocks is None or any(block.source != _identity(layer) for block, layer in zip(blocks, decoder.layers,
+                                                                                     strict=True)):
+        with torch.no_grad():
+            blocks = _BLOCKS[decoder] = [_Block(layer) for layer in decoder.layers]
+    return blocks
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of ``x`` [T, heads, d] (Llama's half-split convention, cos and sin [T, d])."""
+    half = x.shape[-1] // 2
+    cos, sin = cos[:, None], sin[:, None]
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin

@@ -8,6 +8,7 @@ state over that row's prefix share plus everything fed to it so far (no cache of
 from __future__ import annotations
 
 import random
+import weakref
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tooltrie.errors import ModelError
+from tooltrie.serve import decoder as decoder_module
 from tooltrie.serve.decoder import SharedPrefixDecoder
 from tooltrie.serve.model import tiny_llama
 
@@ -32,12 +34,18 @@ def full_forward(model: Any, ids: list[int]) -> torch.Tensor:
         return model.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]  # type: ignore[no-any-return]
 
 
-@settings(max_examples=15, deadline=None)
-@given(seed=st.integers(0, 10_000), slots=st.integers(1, 4))
-def test_rows_on_shared_prefixes_match_the_full_forward_pass(model: Any, seed: int, slots: int) -> None:
+# join_limit 0: attention always scored apart over prefix and tails; a large one: joined whenever the rows of a
+# pass share one prefix (with one prefix, every pass).
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), slots=st.integers(1, 4), prefix_count=st.integers(1, 2),
+       join_limit=st.sampled_from([0, 10_000]))
+def test_rows_on_shared_prefixes_match_the_full_forward_pass(model: Any, seed: int, slots: int, prefix_count: int,
+                                                             join_limit: int) -> None:
     rng = random.Random(seed)
-    decoder = SharedPrefixDecoder(model, slots, capacity=2)  # tiny: the tail cache must grow on the way
-    prefixes = [decoder.prefix([rng.randrange(VOCAB) for _ in range(rng.randint(1, 12))]) for _ in range(2)]
+    # capacity 2 is tiny: the tail cache must grow on the way
+    decoder = SharedPrefixDecoder(model, slots, capacity=2, join_limit=join_limit)
+    prefixes = [decoder.prefix([rng.randrange(VOCAB) for _ in range(rng.randint(1, 12))])
+                for _ in range(prefix_count)]
     sequences: dict[int, list[int]] = {}
 
     def start(slot: int) -> None:
@@ -73,3 +81,41 @@ def test_models_other_than_llama_style_are_refused() -> None:
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=50))
     with pytest.raises(ModelError, match=r"Llama-style.*'gpt2'"):
         SharedPrefixDecoder(gpt2, 1)
+
+
+def test_decoders_on_one_model_share_its_blocks_until_its_weights_change() -> None:
+    model = tiny_llama(VOCAB, seed=5)
+    first, second = SharedPrefixDecoder(model, 1), SharedPrefixDecoder(model, 2)
+    assert first.blocks is second.blocks  # one copy of the stacked weights per model, not per engine
+    with torch.no_grad():
+        model.get_decoder().layers[1].mlp.up_proj.weight.mul_(2.0)
+    changed = SharedPrefixDecoder(model, 1)
+    assert changed.blocks is not first.blocks
+    ids = [5, 17, 301, 42]
+    changed.start(0, changed.prefix(ids[:2]), 2)
+    with torch.no_grad():
+        hidden = changed.forward([0], [ids[2:]])
+    torch.testing.assert_close(hidden[0], full_forward(model, ids), atol=2e-5, rtol=1e-4)
+
+
+def test_prepacked_bfloat16_projections_match_plain_linear_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_llama(VOCAB, seed=7, dtype=torch.bfloat16)
+    packed = SharedPrefixDecoder(model, 2)
+    if packed.blocks[0].qkv.packed is None:
+        pytest.skip("this torch build has no oneDNN prepacking for bfloat16 linear layers")
+    monkeypatch.setattr(decoder_module, "_prepacked", lambda weight: None)
+    monkeypatch.setattr(decoder_module, "_BLOCKS", weakref.WeakKeyDictionary())
+    plain = SharedPrefixDecoder(model, 2)
+    assert plain.blocks[0].qkv.packed is None
+    rng = random.Random(0)
+    outputs = []
+    for decoder in (packed, plain):
+        prefix = decoder.prefix([rng.randrange(VOCAB) for _ in range(9)])
+        for slot in range(2):
+            decoder.start(slot, prefix, 9)
+        with torch.no_grad():
+            outputs.append([decoder.forward([0, 1], [[rng.randrange(VOCAB) for _ in range(n)] for n in (33, 20)]),
+                            decoder.forward([0, 1], [[rng.randrange(VOCAB)], [rng.randrange(VOCAB)]])])
+        rng = random.Random(0)  # the same tokens for both
+    for got, want in zip(*outputs, strict=True):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
