@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tooltrie.compiler.artifact import Artifact
 from tooltrie.train.adapter import write_adapter
@@ -137,7 +138,9 @@ class _Loop:
         self.model.train()
         batch = make_batch(examples, pad_id=self.pad_id)
         dtype = PRECISIONS[self.settings.precision]
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+        # SDPA's math backend: on a CPU, the fused (flash) attention's backward costs ~12 ms a layer at these short
+        # lengths, a third of a step; the math backend's is a few small matmuls (a step ~1.6x faster, same loss).
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32), sdpa_kernel(SDPBackend.MATH):
             loss = self.loss_fn(answer_hidden(self.decoder, batch), self.head, batch)
         loss.backward()  # type: ignore[no-untyped-call]
         torch.nn.utils.clip_grad_norm_(self.trainable, self.settings.max_grad_norm)
