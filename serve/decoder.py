@@ -291,7 +291,8 @@ class _Linear:
 
 
 def _prepacked(weight: torch.Tensor) -> torch.Tensor | None:
-    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
+    usable = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+    if weight.device.type != "cpu" or weight.dtype != torch.bfloat16 or not usable:
         return None
     try:
         with torch.no_grad():
