@@ -353,4 +353,4 @@ def _blocks(decoder: Any) -> list[_Block]:
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding of ``x`` [T, heads, d], cos and sin [T, d]: Llama's own formula, applied to queries
     and keys stacked (``apply_rotary_pos_emb`` takes them apart)."""
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]  # type: ignore[no-any-return]
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]  # type: ignore[no-untyped-call,no-any-return]
