@@ -96,6 +96,30 @@ def advance(trie: CompiledTrie, slot: Slot, move: Move) -> Slot:
     return replace(slot, node=int(trie.edge_child[move.edge]), depth=1, used=finished)
 
 
+def runs_to_next_choice(trie: CompiledTrie, slot: Slot, eos_id: int, budget: int) -> list[tuple[int, ...]]:
+    """From a choice, the runs that lead to the next choice inside the same name: a legal token, then the tokens
+    the trie forces after it (edges only: the name goes on), ending where more than one token is legal again. In
+    token order, each taken while it fits what is left of ``budget`` tokens. (Research|Finder and Research|Helper
+    give the run ``Research``.)"""
+    runs: list[tuple[int, ...]] = []
+    for token, move in sorted(legal_moves(trie, slot, eos_id).items()):
+        if move.kind == "stop":
+            continue
+        run, at = [token], advance(trie, slot, move)
+        moves = legal_moves(trie, at, eos_id)
+        while len(moves) == 1:
+            (forced,) = moves.values()
+            if forced.kind != "edge":  # the name ends here: nothing is left to choose in it
+                break
+            run.append(forced.token)
+            at = advance(trie, at, forced)
+            moves = legal_moves(trie, at, eos_id)
+        if len(moves) > 1 and len(run) <= budget:
+            runs.append(tuple(run))
+            budget -= len(run)
+    return runs
+
+
 def fail(slot: Slot) -> Slot:
     return replace(slot, status=Status.ERROR)
 

@@ -9,9 +9,13 @@ prefix and against the row's tail are computed apart and normalised together by 
 attention over their concatenation; or, when that costs little (a short prefix), the prefix's keys are joined to
 the tails and one fused attention call runs.
 
+A pass may also feed, after a row's tokens, speculative runs (the engine's guesses at what it will feed next): each
+run sees the row and itself, not the other runs (tree attention), and the row keeps the one it ``adopt``s.
+
 A small model's pass over a few dozen tokens on a CPU is mostly per-operation overhead, so a layer is written in few
-operations: q, k and v as one projection, gate and up as another, queries and keys rotated together, ``F.rms_norm``,
-fused attention; and in bfloat16 the projections' weights are prepacked for oneDNN.
+operations: q, k and v as one projection, gate and up as another, queries and keys rotated together as complex
+numbers (their projection's rows stored in pairs, ``_paired``), ``F.rms_norm``, fused attention; and in bfloat16
+the projections' weights are prepacked for oneDNN.
 
 The weights are the Hugging Face model's own (embeddings, norms, projections, MLPs, rotary embedding), so
 the results match ``model(...)`` up to float rounding (``tests/test_serve_decoder.py`` checks it). Supported:
@@ -22,13 +26,13 @@ sliding window).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers.models.llama.modeling_llama import rotate_half
 
 from tooltrie.errors import ModelError
 
@@ -85,6 +89,7 @@ class SharedPrefixDecoder:
         self.tail_length = torch.zeros(slots, dtype=torch.long, device=self.device)  # tokens in each slot's tail
         self._prefix: list[Prefix | None] = [None] * slots
         self._prefix_used = torch.zeros(slots, dtype=torch.long, device=self.device)  # of the prefix, per slot
+        self._runs: list[list[tuple[int, int]]] = [[] for _ in range(slots)]  # last pass's runs: (place, length)
 
     def _allocate(self, capacity: int) -> None:
         """(Re)allocate the tail caches with room for ``capacity`` tokens per slot, keeping what they hold."""
@@ -106,9 +111,9 @@ class SharedPrefixDecoder:
         """Compute a prefix's keys and values (one causal forward pass over it, no slot needed)."""
         keys, values = [], []
         hidden = self.embed(torch.tensor(ids, device=self.device))
-        cos, sin = self._rotary(hidden, torch.arange(len(ids), device=self.device))
+        turns = self._turns(hidden, torch.arange(len(ids), device=self.device))
         for block in self.blocks:
-            q, k, v = (x.transpose(0, 1) for x in self._project(block, hidden, cos, sin))  # [heads, P, d]
+            q, k, v = (x.transpose(0, 1) for x in self._project(block, hidden, turns))  # [heads, P, d]
             keys.append(k.contiguous())
             values.append(v.contiguous())
             out = F.scaled_dot_product_attention(q, keys[-1], values[-1], is_causal=True, scale=self.scaling,
@@ -122,26 +127,35 @@ class SharedPrefixDecoder:
         self._prefix[slot] = prefix
         self._prefix_used[slot] = used
         self.tail_length[slot] = 0
+        self._runs[slot] = []
 
     def release(self, slot: int) -> None:
         self._prefix[slot] = None
 
     # -- the forward pass ------------------------------------------------------------------------------------------
 
-    def forward(self, slots: list[int], feeds: list[list[int]]) -> torch.Tensor:
+    def forward(self, slots: list[int], feeds: list[list[int]],
+                runs: Sequence[Sequence[Sequence[int]]] | None = None) -> torch.Tensor:
         """Feed each slot its new tokens (one or more each) in one pass; returns the last hidden state of each
         row ``[len(slots), hidden]`` (the input of the output layer at the row's last new token).
 
+        ``runs[i]`` (speculation): token runs that each continue row i's feed, fed in the same pass. A run sees the
+        row and itself, not the other runs, and stays out of the row unless ``adopt``-ed after the pass; the last
+        hidden state of every run follows the rows' in the result (row by row, run by run).
+
         The tokens are packed (no padding) through the projections and MLPs, which cost the most; only attention
-        lays them out per row, ``width`` = the longest feed."""
-        n, width = len(slots), max(len(feed) for feed in feeds)
+        lays them out per row, ``width`` = the longest feed with its runs."""
+        runs = runs or [()] * len(slots)
+        packed = [[*feed, *(t for run in row_runs for t in run)] for feed, row_runs in zip(feeds, runs, strict=True)]
+        n, width = len(slots), max(len(tokens) for tokens in packed)
         kv, groups, d = self.kv_heads, self.groups, self.head_dim
         rows = torch.tensor(slots, device=self.device)
-        new = torch.tensor([len(feed) for feed in feeds], device=self.device)
+        new = torch.tensor([len(tokens) for tokens in packed], device=self.device)
         row_of = torch.repeat_interleave(torch.arange(n, device=self.device), new)  # each packed token's row
         ends = new.cumsum(0)
         offset_of = torch.arange(int(ends[-1]), device=self.device) - (ends - new)[row_of]  # its place in the feed
         start = self.tail_length[rows]  # where each feed goes in its row's tail
+        layout = _Layout(feeds, runs, width)
         if int((start + width).max()) > self.capacity:
             self._allocate(max(2 * self.capacity, int((start + width).max())))
         prefix_used = self._prefix_used[rows]
@@ -149,9 +163,12 @@ class SharedPrefixDecoder:
         tail_width = int((start + new).max())
         place = start[row_of] + offset_of  # each token's place in its row's tail
         slot_of = rows[row_of]
-        # A token sees its row's share of the prefix and the row's tail up to and including itself.
-        sees_tail = torch.arange(tail_width, device=self.device) <= (start[:, None] + torch.arange(
-            width, device=self.device))[..., None]  # [n, w, S]
+        # A token sees its row's share of the prefix, the row's tail from before this pass, and its own ancestors
+        # among the new tokens (the feed before it; in a run, also the run before it).
+        before = torch.arange(tail_width, device=self.device) - start[:, None]  # [n, S]: < 0 for the old tail
+        ancestors = layout.ancestors(self.device).gather(
+            2, before.clamp(0, width - 1)[:, None].expand(-1, width, -1))
+        sees_tail = (before < 0)[:, None] | ((before < width)[:, None] & ancestors)  # [n, w, S]
         joined = len(groups_of_rows) == 1 and n * len(groups_of_rows[0][0]) <= self.join_limit
         if joined:
             prefix, _, hidden_keys = groups_of_rows[0]
@@ -159,14 +176,15 @@ class SharedPrefixDecoder:
                            else ~hidden_keys)
             sees = torch.cat((sees_prefix[:, None, None].expand(-1, -1, width, -1), sees_tail[:, None]), dim=-1)
         # Feeds of one length (a lone row, or a step of single tokens) are already laid out by row: no scatter.
-        padded = all(len(feed) == width for feed in feeds)
+        padded = all(len(tokens) == width for tokens in packed)
         # Consecutive slots (always so for a lone row) are read from the tail caches as views, not gathered.
         consecutive = slice(slots[0], slots[0] + n) if slots == list(range(slots[0], slots[0] + n)) else None
 
-        hidden = self.embed(torch.tensor([t for feed in feeds for t in feed], device=self.device))  # [T, hidden]
-        cos, sin = self._rotary(hidden, prefix_used[row_of] + place)
+        hidden = self.embed(torch.tensor([t for tokens in packed for t in tokens], device=self.device))  # [T, hidden]
+        depth = torch.tensor(layout.depths, device=self.device)  # a run's tokens follow the feed, not each other
+        turns = self._turns(hidden, prefix_used[row_of] + start[row_of] + depth)
         for i, block in enumerate(self.blocks):
-            q, k, v = self._project(block, hidden, cos, sin)  # q [T, H, d]; k, v [T, KV, d]
+            q, k, v = self._project(block, hidden, turns)  # q [T, H, d]; k, v [T, KV, d]
             self._tail_keys[i][slot_of, :, place] = k
             self._tail_values[i][slot_of, :, place] = v
             if padded:
@@ -187,8 +205,26 @@ class SharedPrefixDecoder:
                 out = self._attend_apart(by_row, groups_of_rows, i, tail_k, tail_v, sees_tail)
             out = out.reshape(n * width, -1) if padded else out[row_of, offset_of].reshape(len(row_of), -1)
             hidden = self._finish_block(block, hidden, out)
-        self.tail_length[rows] = start + new
-        return self.norm(hidden[ends - 1])  # type: ignore[no-any-return]
+        fed = torch.tensor([len(feed) for feed in feeds], device=self.device)
+        self.tail_length[rows] = start + fed  # the runs' keys and values lie beyond, until adopted or overwritten
+        for slot, row_start, places in zip(slots, start.tolist(), layout.run_places, strict=True):
+            self._runs[slot] = [(row_start + offset, length) for offset, length in places]
+        firsts = (ends - new).tolist()  # each row's first packed token
+        last = [first + len(feed) - 1 for first, feed in zip(firsts, feeds, strict=True)]
+        last += [first + offset + length - 1 for first, places in zip(firsts, layout.run_places, strict=True)
+                 for offset, length in places]
+        return self.norm(hidden[torch.tensor(last, device=self.device)])  # type: ignore[no-any-return]
+
+    def adopt(self, slot: int, run: int) -> None:
+        """Make run ``run`` of ``slot``'s last pass part of the row, as if it had been fed after the feed: its keys
+        and values move up to follow the row's tail (the first run already does)."""
+        place, length = self._runs[slot][run]
+        end = int(self.tail_length[slot])
+        if place != end:
+            for store in (*self._tail_keys, *self._tail_values):
+                store[slot, :, end : end + length] = store[slot, :, place : place + length].clone()
+        self.tail_length[slot] = end + length
+        self._runs[slot] = []
 
     def _attend_apart(self, by_row: torch.Tensor, groups_of_rows: list[PrefixGroup], layer: int,
                        tail_k: torch.Tensor, tail_v: torch.Tensor, sees_tail: torch.Tensor) -> torch.Tensor:
@@ -249,17 +285,19 @@ class SharedPrefixDecoder:
             groups.append((prefix, rows, hidden_keys))
         return groups
 
-    def _rotary(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _turns(self, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The rotary embedding's turn at each position [T, d/2], as unit complex numbers (float32)."""
         cos, sin = self.rotary(hidden[None], positions[None])
-        return cos[0], sin[0]
+        half = self.head_dim // 2  # Llama's cos and sin repeat their first half
+        return torch.complex(cos[0, :, :half].float(), sin[0, :, :half].float())
 
-    def _project(self, block: _Block, hidden: torch.Tensor, cos: torch.Tensor,
-                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _project(self, block: _Block, hidden: torch.Tensor,
+                 turns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries [T, H, d], keys and values [T, KV, d] of packed tokens, rotary positions applied."""
         x = F.rms_norm(hidden, block.norm_shape, block.input_norm, block.eps)
         qkv = block.qkv(x).view(x.shape[0], -1, self.head_dim)
         heads = self.heads
-        qk = _rotate(qkv[:, : heads + self.kv_heads], cos, sin)  # queries and keys turned together
+        qk = _rotate(qkv[:, : heads + self.kv_heads], turns)  # queries and keys turned together
         return qk[:, :heads], qk[:, heads:], qkv[:, heads + self.kv_heads :]
 
     @staticmethod
@@ -268,6 +306,38 @@ class SharedPrefixDecoder:
         hidden = hidden + block.o(attended)
         gate, up = block.gate_up(F.rms_norm(hidden, block.norm_shape, block.post_norm, block.eps)).chunk(2, dim=-1)
         return hidden + block.down(block.act(gate) * up)
+
+
+class _Layout:
+    """How a pass's new tokens sit in each row: the feed, then each of its runs; every token's depth (its position
+    after the row's old tail: a run continues the feed) and which of the row's new tokens it sees."""
+
+    def __init__(self, feeds: Sequence[Sequence[int]], runs: Sequence[Sequence[Sequence[int]]], width: int) -> None:
+        self.feeds, self.runs, self.width = feeds, runs, width
+        self.depths: list[int] = []
+        self.run_places: list[list[tuple[int, int]]] = []  # per row: (offset in the packed row, length) of each run
+        for feed, row_runs in zip(feeds, runs, strict=True):
+            self.depths += range(len(feed))
+            places, offset = [], len(feed)
+            for run in row_runs:
+                self.depths += range(len(feed), len(feed) + len(run))
+                places.append((offset, len(run)))
+                offset += len(run)
+            self.run_places.append(places)
+
+    def ancestors(self, device: torch.device) -> torch.Tensor:
+        """[n, w, w]: new token j of a row sees new token i (causal, except that a run skips the runs before it)."""
+        causal = torch.ones(self.width, self.width, dtype=torch.bool, device=device).tril()
+        if not any(self.run_places):
+            return causal.expand(len(self.feeds), -1, -1)
+        sees = causal.repeat(len(self.feeds), 1, 1)
+        for row, (feed, places) in enumerate(zip(self.feeds, self.run_places, strict=True)):
+            for offset, length in places:
+                sees[row, offset : offset + length, len(feed) : offset] = False
+        return sees
+
+
+_Reorder = Callable[[torch.Tensor], torch.Tensor]
 
 
 class _Linear:
@@ -279,13 +349,18 @@ class _Linear:
     Elsewhere, or where this torch lacks the op, ``F.linear``.
     """
 
-    def __init__(self, layers: Sequence[Any]) -> None:
-        weights = [layer.weight.detach() for layer in layers]
+    def __init__(self, layers: Sequence[Any], reorders: Sequence[_Reorder | None] = ()) -> None:
+        """``reorders[i]``, if given, reorders the output rows (weight and bias) of ``layers[i]``."""
+        reorders = list(reorders) or [None] * len(layers)
+
+        def rows(tensor: torch.Tensor, reorder: _Reorder | None) -> torch.Tensor:
+            return tensor if reorder is None else reorder(tensor)
+
+        weights = [rows(layer.weight.detach(), reorder) for layer, reorder in zip(layers, reorders, strict=True)]
         weight = weights[0] if len(weights) == 1 else torch.cat(weights)
-        biases = [layer.bias for layer in layers]
-        self.bias = None if all(b is None for b in biases) else torch.cat(
-            [layer.bias.detach() if layer.bias is not None else layer.weight.new_zeros(layer.out_features)
-             for layer in layers])
+        self.bias = None if all(layer.bias is None for layer in layers) else torch.cat(
+            [layer.weight.new_zeros(layer.out_features) if layer.bias is None else rows(layer.bias.detach(), reorder)
+             for layer, reorder in zip(layers, reorders, strict=True)])
         self.packed = _prepacked(weight)
         self.weight = weight if self.packed is None else None
 
@@ -319,7 +394,8 @@ class _Block:
 
     def __init__(self, layer: Any) -> None:
         attention, mlp = layer.self_attn, layer.mlp
-        self.qkv = _Linear([attention.q_proj, attention.k_proj, attention.v_proj])
+        paired = partial(_paired, head_dim=attention.head_dim)  # queries and keys, for the rotary embedding
+        self.qkv = _Linear([attention.q_proj, attention.k_proj, attention.v_proj], [paired, paired, None])
         self.o = _Linear([attention.o_proj])
         self.gate_up = _Linear([mlp.gate_proj, mlp.up_proj])
         self.down = _Linear([mlp.down_proj])
@@ -350,7 +426,18 @@ def _blocks(decoder: Any) -> list[_Block]:
     return blocks
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding of ``x`` [T, heads, d], cos and sin [T, d]: Llama's own formula, applied to queries
-    and keys stacked (``apply_rotary_pos_emb`` takes them apart)."""
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]  # type: ignore[no-untyped-call,no-any-return]
+def _rotate(x: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding of ``x`` [T, heads, d] whose head dimensions are stored in pairs (``_paired``):
+    each pair, a complex number, times its position's turn (``turns`` [T, d/2]), in float32."""
+    pairs = torch.view_as_complex(x.float().view(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(pairs * turns[:, None]).flatten(-2).to(x.dtype)
+
+
+def _paired(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """A query or key projection's output rows reordered within each head so that the dimensions Llama's rotary
+    embedding turns together (i and i + d/2) sit side by side. Queries and keys reordered alike have the same dot
+    products: attention is unchanged, the rotation is one complex product."""
+    half = head_dim // 2
+    within = torch.stack((torch.arange(half), torch.arange(half) + half), dim=1).flatten()  # 0, d/2, 1, d/2+1, ..
+    order = (torch.arange(weight.shape[0] // head_dim)[:, None] * head_dim + within).flatten()
+    return weight[order.to(weight.device)]

@@ -7,7 +7,12 @@ What makes it cheaper than decoding without the constraint:
 - **sparse head**: at a decision point only the output-embedding rows of the legal tokens are multiplied
   (``hidden @ W[legal].T``), never the full ``[B, V]`` logits;
 - **forced chains**: where the trie leaves one legal token, it is taken without asking the model, and the whole
-  run is fed in the next forward pass, so forward passes per answer = decision points.
+  run is fed in the next forward pass, so forward passes per answer <= decision points;
+- **speculated runs**: where a name's first token may be followed by more than one (Research|Finder,
+  Research|Helper), the runs up to that next choice are fed in the same pass as the row, each seeing the row and
+  itself (``SharedPrefixDecoder.forward``'s runs); the taken one's hidden state decides the next choice without a
+  pass of its own. So one pass decides a whole name (a k = 1 answer on the catalog is one pass); ``speculate``
+  bounds the extra tokens per row and pass.
 
 Decisions go through one of three backends (``Engine(..., decisions=...)``), chosen by the model's device unless
 named: ``"torch"`` (the default on CPU) multiplies each row's legal rows of the head with torch; ``"cuda"`` (the
@@ -37,7 +42,7 @@ import torch
 from tooltrie.compiler.artifact import Artifact
 from tooltrie.compiler.tokenizer_info import TokenizerInfo
 from tooltrie.errors import DecodeError
-from tooltrie.kernels.rules import Move, Slot, advance, legal_moves
+from tooltrie.kernels.rules import Move, Slot, advance, legal_moves, runs_to_next_choice
 from tooltrie.kernels.state import BatchState, check_k, check_subset
 from tooltrie.registry.subsets import select_tools
 from tooltrie.serve.decoder import Prefix, SharedPrefixDecoder
@@ -73,9 +78,10 @@ class Answer:
     token_ids: list[int]
     text: str
     forward_passes: int
-    decision_points: int
+    decision_points: int  # = forward_passes + speculated for a constrained answer
     prompt_tokens: int
     latency_ms: float
+    speculated: int = 0  # decisions taken on a speculated run's hidden state, without a pass of their own
 
 
 @dataclass
@@ -95,6 +101,9 @@ class _Row:
     hidden: torch.Tensor | None = None  # the last hidden state, fresh after each forward pass
     cache_slot: int = -1  # the row's place in the decoder's key/value cache while it is in the batch
     thinking: bool = False  # still before the reasoning-end marker
+    runs: list[tuple[int, ...]] = field(default_factory=list)  # speculated runs fed after the row in the last pass
+    run_hidden: list[torch.Tensor] = field(default_factory=list)  # their last hidden states
+    speculated: int = 0
 
 
 class Engine:
@@ -105,10 +114,14 @@ class Engine:
     """
 
     def __init__(self, model: Any, tokenizer: TokenizerInfo, artifact: Artifact, *, max_batch: int = 16,
-                 prompt: Prompt | None = None, decisions: str | None = None) -> None:
+                 prompt: Prompt | None = None, decisions: str | None = None, speculate: int = 16) -> None:
         artifact.check_compatible(tokenizer=tokenizer, where="engine")
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        if speculate < 0:
+            raise ValueError(f"speculate must be at least 0, got {speculate}")
+        self.speculate = speculate  # most speculated tokens fed per row and pass (0: none)
+        self._runs_after: dict[Slot, list[tuple[int, ...]]] = {}  # a decision point -> the runs worth speculating
         self.reasoning_end_id = tokenizer.reasoning_end_id
         self.model, self.tokenizer, self.artifact, self.max_batch = model.eval(), tokenizer, artifact, max_batch
         self.decoder = SharedPrefixDecoder(model, max_batch)
@@ -265,18 +278,60 @@ class Engine:
         return row, prompt_ids[shared:]
 
     def _run(self, rows: list[_Row], prompts: list[list[int]]) -> None:
-        """Feed each row its prompt part (if any) and pending tokens, in one forward pass."""
+        """Feed each row its prompt part (if any) and pending tokens, with its speculated runs, in one forward
+        pass."""
         feeds = [prompt + row.pending for row, prompt in zip(rows, prompts, strict=True)]
-        hidden = self.decoder.forward([row.cache_slot for row in rows], feeds)
+        for row in rows:
+            row.runs = self._speculated_runs(row)
+        hidden = self.decoder.forward([row.cache_slot for row in rows], feeds, [row.runs for row in rows])
+        after = len(rows)
         for i, row in enumerate(rows):
             row.hidden = hidden[i]
+            row.run_hidden = list(hidden[after : after + len(row.runs)])
+            after += len(row.runs)
             row.forward_passes += 1
             row.token_ids += row.pending
             row.pending = []
 
+    def _speculated_runs(self, row: _Row) -> list[tuple[int, ...]]:
+        """The runs from the row's coming decision to the next one within the same name (each legal token, then
+        what the trie forces after it), up to ``speculate`` tokens in all: what the pass after this one would be
+        fed, if the choice falls on one of them."""
+        if not self.speculate or row.slot is None or row.thinking:
+            return []
+        runs = self._runs_after.get(row.slot)
+        if runs is None:
+            if len(self._runs_after) >= _RUNS_CACHED:
+                self._runs_after.clear()
+            runs = self._runs_after[row.slot] = runs_to_next_choice(self.artifact.trie, row.slot, self.artifact.eos_id,
+                                                                     self.speculate)
+        return runs
+
     def _decide_all(self, rows: list[_Row]) -> None:
-        """The rows' next tokens after a forward pass: every constrained decision in one call of the decision
-        backend; rows thinking or without a grammar take the full head (``_decide_plain``). Then the forced runs."""
+        """The rows' next tokens after a forward pass; a row whose tokens then reach the end of one of its
+        speculated runs adopts it and decides again on the run's hidden state, no pass needed."""
+        while rows:
+            self._decide(rows)
+            rows = [row for row in rows if self._adopt_run(row)]
+
+    def _adopt_run(self, row: _Row) -> bool:
+        """If the row's pending tokens are a run fed in the last pass, they join the row: its next decision is
+        made on the run's hidden state."""
+        runs, hidden = row.runs, row.run_hidden
+        row.runs, row.run_hidden = [], []
+        pending = tuple(row.pending)
+        if row.finish_reason is not None or pending not in runs:
+            return False
+        self.decoder.adopt(row.cache_slot, runs.index(pending))
+        row.hidden = hidden[runs.index(pending)]
+        row.token_ids += row.pending
+        row.pending = []
+        row.speculated += 1
+        return True
+
+    def _decide(self, rows: list[_Row]) -> None:
+        """One decision for each row: every constrained one in one call of the decision backend; rows thinking or
+        without a grammar take the full head (``_decide_plain``). Then the forced runs."""
         deciding: list[tuple[_Row, dict[int, Move]]] = []
         for row in rows:
             if row.finish_reason is not None:
@@ -367,10 +422,12 @@ class Engine:
         return Answer(tools=tools, finish_reason=row.finish_reason or "error", token_ids=row.token_ids,
                       text=self.tokenizer.decode(ids), forward_passes=row.forward_passes,
                       decision_points=row.decision_points, prompt_tokens=row.prompt_tokens,
-                      latency_ms=(time.perf_counter() - row.started) * 1e3)
+                      latency_ms=(time.perf_counter() - row.started) * 1e3, speculated=row.speculated)
 
 
 # -- decision backends: (rows, their legal moves) -> per row (token, best, runner-up, log-sum-exp) ------------------
+
+_RUNS_CACHED = 4096  # decision points whose speculated runs an engine keeps (the catalog's k = 1 answers need one)
 
 Choice = tuple[int, float, float, float]
 DecideFn = Callable[[list[_Row], list[dict[int, Move]]], list[Choice]]
@@ -474,7 +531,8 @@ def response(answer: Answer, artifact: Artifact) -> dict[str, Any]:
         "finish_reason": answer.finish_reason,
         "registry": artifact.registry.name,
         "usage": {"prompt_tokens": answer.prompt_tokens, "completion_tokens": len(answer.token_ids),
-                  "forward_passes": answer.forward_passes, "decision_points": answer.decision_points},
+                  "forward_passes": answer.forward_passes, "decision_points": answer.decision_points,
+                  "speculated": answer.speculated},
         "latency_ms": round(answer.latency_ms, 2),
     }
 

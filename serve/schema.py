@@ -50,6 +50,7 @@ class Usage(BaseModel):
     completion_tokens: int
     forward_passes: int
     decision_points: int
+    speculated: int = Field(description="decisions made on a run fed speculatively, without a pass of their own")
 
 
 class DiscoverResponse(BaseModel):

@@ -1,8 +1,9 @@
 """The shared-prefix decoder against Hugging Face's own forward pass over each row's whole sequence.
 
 Rows start on a shared prefix (or on the first part of it), are fed one or several tokens per pass, leave and are
-replaced, and outgrow the tail cache; after every pass each row's hidden state must equal the model's last hidden
-state over that row's prefix share plus everything fed to it so far (no cache of any kind).
+replaced, and outgrow the tail cache; some passes also feed speculative runs after a row's tokens, of which the row
+may adopt one. After every pass each row's hidden state (and each run's) must equal the model's last hidden state
+over that row's prefix share plus everything fed to it and adopted so far (plus the run), with no cache of any kind.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def full_forward(model: Any, ids: list[int]) -> torch.Tensor:
 
 # join_limit 0: attention always scored apart over prefix and tails; a large one: joined whenever the rows of a
 # pass share one prefix (with one prefix, every pass).
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10_000), slots=st.integers(1, 4), prefix_count=st.integers(1, 2),
        join_limit=st.sampled_from([0, 10_000]))
 def test_rows_on_shared_prefixes_match_the_full_forward_pass(model: Any, seed: int, slots: int, prefix_count: int,
@@ -60,10 +61,22 @@ def test_rows_on_shared_prefixes_match_the_full_forward_pass(model: Any, seed: i
         for _ in range(6):
             active = rng.sample(range(slots), rng.randint(1, slots))
             feeds = [[rng.randrange(VOCAB) for _ in range(rng.randint(1, 4))] for _ in active]
-            hidden = decoder.forward(active, feeds)
+            runs = [[[rng.randrange(VOCAB) for _ in range(rng.randint(1, 3))] for _ in range(rng.choice([0, 0, 1, 3]))]
+                    for _ in active]
+            hidden = decoder.forward(active, feeds, runs)
+            assert hidden.shape[0] == len(active) + sum(map(len, runs))
+            run_hidden = iter(hidden[len(active) :])
             for i, slot in enumerate(active):
                 sequences[slot] += feeds[i]
                 torch.testing.assert_close(hidden[i], full_forward(model, sequences[slot]), atol=2e-5, rtol=1e-4)
+            for i, slot in enumerate(active):
+                for run in runs[i]:  # each run as if fed alone after the row's feed
+                    torch.testing.assert_close(next(run_hidden), full_forward(model, sequences[slot] + run),
+                                               atol=2e-5, rtol=1e-4)
+                if runs[i] and rng.random() < 0.7:  # the row goes on with one of its runs (or none)
+                    chosen = rng.randrange(len(runs[i]))
+                    decoder.adopt(slot, chosen)
+                    sequences[slot] += runs[i][chosen]
             leaving = rng.choice(range(slots))  # a row leaves; a new one takes its slot
             decoder.release(leaving)
             start(leaving)
@@ -119,3 +132,26 @@ def test_prepacked_bfloat16_projections_match_plain_linear_layers(monkeypatch: p
         rng = random.Random(0)  # the same tokens for both
     for got, want in zip(*outputs, strict=True):
         torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_projection_biases_follow_the_paired_query_and_key_rows() -> None:
+    """Qwen2-style q/k/v biases: reordered with their rows for the rotary pairing, the result is unchanged."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         initializer_range=0.2, use_sliding_window=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(11)
+        model = Qwen2ForCausalLM(config).eval()
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    projection.bias.normal_(0, 0.5)  # nonzero: a misplaced bias shows
+    decoder = SharedPrefixDecoder(model, 1)
+    assert decoder.blocks[0].qkv.bias is not None
+    ids = [7, 99, 250, 3, 41, 18]
+    decoder.start(0, decoder.prefix(ids[:3]), 3)
+    with torch.no_grad():
+        hidden = decoder.forward([0], [ids[3:]])
+    torch.testing.assert_close(hidden[0], full_forward(model, ids), atol=2e-5, rtol=1e-4)

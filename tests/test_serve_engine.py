@@ -204,13 +204,13 @@ def test_the_engine_never_computes_the_full_head(setups: dict[str, Setup]) -> No
 
 
 @pytest.mark.parametrize("registry", ["catalog", "small"])
-def test_forced_chains_one_forward_pass_per_decision(setups: dict[str, Setup], registry: str) -> None:
+def test_forced_chains_one_forward_pass_per_decision_not_speculated(setups: dict[str, Setup], registry: str) -> None:
     setup = setups[registry]
     forced_somewhere = False
     for query, k in _cases(registry):
         answer, trace = setup.answer(query, k), setup.trace(query, k)
         assert answer.decision_points == len(trace.decisions), (query, k)
-        assert answer.forward_passes == answer.decision_points, (query, k)
+        assert answer.forward_passes + answer.speculated == answer.decision_points, (query, k)
         assert len(answer.token_ids) == len(trace.decisions) + trace.forced
         if trace.forced:
             forced_somewhere = True
@@ -232,7 +232,8 @@ def test_every_tool_at_once_ends_with_a_forced_tool(setups: dict[str, Setup]) ->
     # Once one tool is left, nothing is decided: its name and the stop token are forced.
     last_decision = max(d.position for d in trace.decisions)
     assert len(answer.token_ids) - last_decision - 1 >= 2
-    assert answer.forward_passes == answer.decision_points == len(trace.decisions) < len(answer.token_ids)
+    assert answer.forward_passes + answer.speculated == answer.decision_points == len(trace.decisions)
+    assert answer.forward_passes < len(answer.token_ids)
 
 
 def test_forward_passes_counts_the_model_calls(setups: dict[str, Setup]) -> None:
@@ -265,6 +266,51 @@ def test_a_wholly_forced_answer_needs_no_decision(one_tool: tuple[Engine, Answer
 def test_a_wholly_forced_answer_needs_no_forward_pass(one_tool: tuple[Engine, Answer]) -> None:
     _, answer = one_tool
     assert answer.forward_passes == answer.decision_points == 0
+
+
+# --- speculated runs -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def unspeculated(setups: dict[str, Setup], model: Any, smollm: TokenizerInfo) -> dict[str, Engine]:
+    return {name: Engine(model, smollm, setup.artifact, speculate=0) for name, setup in setups.items()}
+
+
+@pytest.mark.parametrize("registry", ["catalog", "small"])
+def test_speculated_runs_save_passes_and_change_nothing_else(setups: dict[str, Setup],
+                                                             unspeculated: dict[str, Engine], registry: str) -> None:
+    setup, saved = setups[registry], 0
+    for query, k in _cases(registry):
+        got, plain = setup.answer(query, k), unspeculated[registry].answer(query, k)
+        assert got.token_ids == plain.token_ids, (query, k)
+        assert [t.score for t in got.tools] == pytest.approx([t.score for t in plain.tools], abs=1e-4)
+        assert [t.margin for t in got.tools] == pytest.approx([t.margin for t in plain.tools], abs=1e-4)
+        assert plain.speculated == 0 and plain.forward_passes == plain.decision_points, (query, k)
+        assert got.decision_points == plain.decision_points == got.forward_passes + got.speculated, (query, k)
+        saved += got.speculated
+    assert saved > 0, "no speculated run was taken: the test shows nothing"
+
+
+def test_a_catalog_answer_of_one_tool_is_one_pass(setups: dict[str, Setup]) -> None:
+    """Every run to a second choice inside a catalog name fits the default budget: one pass decides a name."""
+    for query in QUERIES["catalog"]:
+        assert setups["catalog"].answer(query, 1).forward_passes == 1, query
+
+
+def test_speculated_runs_in_a_batch_equal_alone(setups: dict[str, Setup], unspeculated: dict[str, Engine]) -> None:
+    engine = setups["catalog"].engine
+    requests = [Request(q, k) for q in QUERIES["catalog"] for k in KS]
+    together = engine.run(requests)
+    for request, got in zip(requests, together, strict=True):
+        alone = unspeculated["catalog"].answer(request.query, request.k)
+        assert got.token_ids == alone.token_ids, request
+        assert got.forward_passes + got.speculated == alone.forward_passes, request
+
+
+def test_a_negative_speculation_budget_is_refused(model: Any, smollm: TokenizerInfo,
+                                                  catalog_artifact: Artifact) -> None:
+    with pytest.raises(ValueError, match="speculate must be at least 0, got -1"):
+        Engine(model, smollm, catalog_artifact, speculate=-1)
 
 
 # --- the prefix cache ----------------------------------------------------------------------------------------------
@@ -449,7 +495,7 @@ def test_response_json(setups: dict[str, Setup]) -> None:
     assert body["registry"] == "catalog"
     assert body["usage"] == {"prompt_tokens": len(prompt_ids(setup.engine, query, 3)),
                              "completion_tokens": len(answer.token_ids), "forward_passes": answer.forward_passes,
-                             "decision_points": answer.decision_points}
+                             "decision_points": answer.decision_points, "speculated": answer.speculated}
     assert body["usage"]["forward_passes"] < body["usage"]["completion_tokens"]
     assert isinstance(body["latency_ms"], float) and body["latency_ms"] >= 0
 
