@@ -175,6 +175,8 @@ class SharedPrefixDecoder:
             sees_prefix = (torch.ones(n, len(prefix), dtype=torch.bool, device=self.device) if hidden_keys is None
                            else ~hidden_keys)
             sees = torch.cat((sees_prefix[:, None, None].expand(-1, -1, width, -1), sees_tail[:, None]), dim=-1)
+            # as an additive mask: the fused CPU kernel takes it as is (a boolean one is converted every call)
+            sees = torch.zeros(sees.shape, dtype=self.dtype, device=self.device).masked_fill_(~sees, float("-inf"))
         # Feeds of one length (a lone row, or a step of single tokens) are already laid out by row: no scatter.
         padded = all(len(tokens) == width for tokens in packed)
         # Consecutive slots (always so for a lone row) are read from the tail caches as views, not gathered.
