@@ -181,14 +181,20 @@ class SharedPrefixDecoder:
         padded = all(len(tokens) == width for tokens in packed)
         # Consecutive slots (always so for a lone row) are read from the tail caches as views, not gathered.
         consecutive = slice(slots[0], slots[0] + n) if slots == list(range(slots[0], slots[0] + n)) else None
+        # A lone row's new keys and values go to one stretch of its tail: a copy, not a scatter.
+        stretch = slice(int(start[0]), int(start[0]) + width) if n == 1 else None
 
         hidden = self.embed(torch.tensor([t for tokens in packed for t in tokens], device=self.device))  # [T, hidden]
         depth = torch.tensor(layout.depths, device=self.device)  # a run's tokens follow the feed, not each other
         turns = self._turns(hidden, prefix_used[row_of] + start[row_of] + depth)
         for i, block in enumerate(self.blocks):
             q, k, v = self._project(block, hidden, turns)  # q [T, H, d]; k, v [T, KV, d]
-            self._tail_keys[i][slot_of, :, place] = k
-            self._tail_values[i][slot_of, :, place] = v
+            if stretch is not None:
+                self._tail_keys[i][slots[0], :, stretch] = k.transpose(0, 1)
+                self._tail_values[i][slots[0], :, stretch] = v.transpose(0, 1)
+            else:
+                self._tail_keys[i][slot_of, :, place] = k
+                self._tail_values[i][slot_of, :, place] = v
             if padded:
                 by_row = q.view(n, width, kv * groups, d)
             else:
