@@ -302,7 +302,7 @@ class SharedPrefixDecoder:
     def _project(self, block: _Block, hidden: torch.Tensor,
                  turns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries [T, H, d], keys and values [T, KV, d] of packed tokens, rotary positions applied."""
-        x = F.rms_norm(hidden, block.norm_shape, block.input_norm, block.eps)
+        x = F.rms_norm(hidden, block.norm_shape, None, block.eps)  # its weight is in qkv's
         qkv = block.qkv(x).view(x.shape[0], -1, self.head_dim)
         heads = self.heads
         qk = _rotate(qkv[:, : heads + self.kv_heads], turns)  # queries and keys turned together
@@ -312,7 +312,7 @@ class SharedPrefixDecoder:
     def _finish_block(block: _Block, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """Output projection and residual, then the MLP with its residual (packed tokens [T, ...])."""
         hidden = hidden + block.o(attended)
-        gate, up = block.gate_up(F.rms_norm(hidden, block.norm_shape, block.post_norm, block.eps)).chunk(2, dim=-1)
+        gate, up = block.gate_up(F.rms_norm(hidden, block.norm_shape, None, block.eps)).chunk(2, dim=-1)
         return hidden + block.down(block.act(gate) * up)
 
 
@@ -357,8 +357,10 @@ class _Linear:
     Elsewhere, or where this torch lacks the op, ``F.linear``.
     """
 
-    def __init__(self, layers: Sequence[Any], reorders: Sequence[_Reorder | None] = ()) -> None:
-        """``reorders[i]``, if given, reorders the output rows (weight and bias) of ``layers[i]``."""
+    def __init__(self, layers: Sequence[Any], reorders: Sequence[_Reorder | None] = (),
+                 input_scale: torch.Tensor | None = None) -> None:
+        """``reorders[i]``, if given, reorders the output rows (weight and bias) of ``layers[i]``; ``input_scale``
+        (a norm's weight) multiplies the inputs, folded into the weight's columns."""
         reorders = list(reorders) or [None] * len(layers)
 
         def rows(tensor: torch.Tensor, reorder: _Reorder | None) -> torch.Tensor:
@@ -366,6 +368,8 @@ class _Linear:
 
         weights = [rows(layer.weight.detach(), reorder) for layer, reorder in zip(layers, reorders, strict=True)]
         weight = weights[0] if len(weights) == 1 else torch.cat(weights)
+        if input_scale is not None:
+            weight = (weight.float() * input_scale.float()).to(weight.dtype)
         self.bias = None if all(layer.bias is None for layer in layers) else torch.cat(
             [layer.weight.new_zeros(layer.out_features) if layer.bias is None else rows(layer.bias.detach(), reorder)
              for layer, reorder in zip(layers, reorders, strict=True)])
@@ -395,22 +399,22 @@ _PACKED_FOR_ROWS = 32  # the row count oneDNN's layout is chosen for: a prompt's
 
 class _Block:
     """One decoder layer's weights as the pass uses them: the model's own tensors, with q, k and v stacked into one
-    projection and gate and up into another (one matrix product each, not three and two) and the norms run as
-    ``F.rms_norm`` (one operation instead of eight). Stacked or prepacked weights are copies: in bfloat16 a copy of
+    projection and gate and up into another (one matrix product each, not three and two), the norms' weights folded
+    into them, and the norms run as ``F.rms_norm``. Stacked or prepacked weights are copies: in bfloat16 a copy of
     every linear weight (~200 MB for SmolLM2-135M), in float32 of q/k/v and gate/up (~280 MB); one per model, shared
     by every decoder on it (``_blocks``)."""
 
     def __init__(self, layer: Any) -> None:
         attention, mlp = layer.self_attn, layer.mlp
         paired = partial(_paired, head_dim=attention.head_dim)  # queries and keys, for the rotary embedding
-        self.qkv = _Linear([attention.q_proj, attention.k_proj, attention.v_proj], [paired, paired, None])
+        # Each norm's weight scales the columns of the projection after it: the norm itself is left unweighted.
+        self.qkv = _Linear([attention.q_proj, attention.k_proj, attention.v_proj], [paired, paired, None],
+                           input_scale=layer.input_layernorm.weight.detach())
         self.o = _Linear([attention.o_proj])
-        self.gate_up = _Linear([mlp.gate_proj, mlp.up_proj])
+        self.gate_up = _Linear([mlp.gate_proj, mlp.up_proj], input_scale=layer.post_attention_layernorm.weight.detach())
         self.down = _Linear([mlp.down_proj])
         self.act = mlp.act_fn
-        self.input_norm = layer.input_layernorm.weight.detach()
-        self.post_norm = layer.post_attention_layernorm.weight.detach()
-        self.norm_shape = (self.input_norm.shape[0],)
+        self.norm_shape = (layer.input_layernorm.weight.shape[0],)
         self.eps = layer.input_layernorm.variance_epsilon
         self.source = _identity(layer)
 
