@@ -14,8 +14,8 @@ run sees the row and itself, not the other runs (tree attention), and the row ke
 
 A small model's pass over a few dozen tokens on a CPU is mostly per-operation overhead, so a layer is written in few
 operations: q, k and v as one projection, gate and up as another, queries and keys rotated together as complex
-numbers (their projection's rows stored in pairs, ``_paired``), ``F.rms_norm``, fused attention; and in bfloat16
-the projections' weights are prepacked for oneDNN.
+numbers (their projection's rows stored in pairs, ``_paired``), the norms' weights folded into the projections after
+them, fused attention; and in bfloat16 the projections' weights are prepacked for oneDNN.
 
 The weights are the Hugging Face model's own (embeddings, norms, projections, MLPs, rotary embedding), so
 the results match ``model(...)`` up to float rounding (``tests/test_serve_decoder.py`` checks it). Supported:
@@ -302,7 +302,7 @@ class SharedPrefixDecoder:
     def _project(self, block: _Block, hidden: torch.Tensor,
                  turns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries [T, H, d], keys and values [T, KV, d] of packed tokens, rotary positions applied."""
-        x = F.rms_norm(hidden, block.norm_shape, None, block.eps)  # its weight is in qkv's
+        x = _rms_normalized(hidden, block.eps)  # the norm's weight is in qkv's
         qkv = block.qkv(x).view(x.shape[0], -1, self.head_dim)
         heads = self.heads
         qk = _rotate(qkv[:, : heads + self.kv_heads], turns)  # queries and keys turned together
@@ -312,7 +312,7 @@ class SharedPrefixDecoder:
     def _finish_block(block: _Block, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """Output projection and residual, then the MLP with its residual (packed tokens [T, ...])."""
         hidden = hidden + block.o(attended)
-        gate, up = block.gate_up(F.rms_norm(hidden, block.norm_shape, None, block.eps)).chunk(2, dim=-1)
+        gate, up = block.gate_up(_rms_normalized(hidden, block.eps)).chunk(2, dim=-1)
         return hidden + block.down(block.act(gate) * up)
 
 
@@ -400,9 +400,9 @@ _PACKED_FOR_ROWS = 32  # the row count oneDNN's layout is chosen for: a prompt's
 class _Block:
     """One decoder layer's weights as the pass uses them: the model's own tensors, with q, k and v stacked into one
     projection and gate and up into another (one matrix product each, not three and two), the norms' weights folded
-    into them, and the norms run as ``F.rms_norm``. Stacked or prepacked weights are copies: in bfloat16 a copy of
-    every linear weight (~200 MB for SmolLM2-135M), in float32 of q/k/v and gate/up (~280 MB); one per model, shared
-    by every decoder on it (``_blocks``)."""
+    into them (the norms run unweighted, ``_rms_normalized``). Stacked or prepacked weights are copies: in bfloat16
+    a copy of every linear weight (~200 MB for SmolLM2-135M), in float32 of q/k/v and gate/up (~280 MB); one per
+    model, shared by every decoder on it (``_blocks``)."""
 
     def __init__(self, layer: Any) -> None:
         attention, mlp = layer.self_attn, layer.mlp
@@ -414,7 +414,6 @@ class _Block:
         self.gate_up = _Linear([mlp.gate_proj, mlp.up_proj], input_scale=layer.post_attention_layernorm.weight.detach())
         self.down = _Linear([mlp.down_proj])
         self.act = mlp.act_fn
-        self.norm_shape = (layer.input_layernorm.weight.shape[0],)
         self.eps = layer.input_layernorm.variance_epsilon
         self.source = _identity(layer)
 
@@ -436,6 +435,13 @@ def _blocks(decoder: Any) -> list[_Block]:
         with torch.no_grad():
             blocks = _BLOCKS[decoder] = [_Block(layer) for layer in decoder.layers]
     return blocks
+
+
+def _rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x²) + eps)`` per row (RMSNorm without its weight): the rows' norms in float32 in one reduction,
+    then one product, where ``F.rms_norm`` makes four full passes (to float32, square, scale, back)."""
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
+    return x * torch.rsqrt(norm.square_().div_(x.shape[-1]).add_(eps)).to(x.dtype)
 
 
 def _rotate(x: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
