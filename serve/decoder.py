@@ -321,7 +321,7 @@ class _Layout:
     after the row's old tail: a run continues the feed) and which of the row's new tokens it sees."""
 
     def __init__(self, feeds: Sequence[Sequence[int]], runs: Sequence[Sequence[Sequence[int]]], width: int) -> None:
-        self.feeds, self.runs, self.width = feeds, runs, width
+        self.feeds, self.width = feeds, width
         self.depths: list[int] = []
         self.run_places: list[list[tuple[int, int]]] = []  # per row: (offset in the packed row, length) of each run
         for feed, row_runs in zip(feeds, runs, strict=True):

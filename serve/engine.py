@@ -48,6 +48,8 @@ from tooltrie.registry.subsets import select_tools
 from tooltrie.serve.decoder import Prefix, SharedPrefixDecoder
 from tooltrie.serve.prompt import Prompt
 
+_RUNS_CACHED = 4096  # decision points whose speculated runs an engine keeps (the catalog's k = 1 answers need one)
+
 
 @dataclass(frozen=True)
 class Request:
@@ -322,8 +324,9 @@ class Engine:
         pending = tuple(row.pending)
         if row.finish_reason is not None or pending not in runs:
             return False
-        self.decoder.adopt(row.cache_slot, runs.index(pending))
-        row.hidden = hidden[runs.index(pending)]
+        run = runs.index(pending)
+        self.decoder.adopt(row.cache_slot, run)
+        row.hidden = hidden[run]
         row.token_ids += row.pending
         row.pending = []
         row.speculated += 1
@@ -426,8 +429,6 @@ class Engine:
 
 
 # -- decision backends: (rows, their legal moves) -> per row (token, best, runner-up, log-sum-exp) ------------------
-
-_RUNS_CACHED = 4096  # decision points whose speculated runs an engine keeps (the catalog's k = 1 answers need one)
 
 Choice = tuple[int, float, float, float]
 DecideFn = Callable[[list[_Row], list[dict[int, Move]]], list[Choice]]
