@@ -282,16 +282,28 @@ SHARED_STARTS = ("ResearchFinder", "ResearchHelper", "TripTool", "TripAdviceTool
                  "ProductComparison", "MediaTool", "MediaModifyTool", "HouseRentingTool", "HousePurchasingTool")
 
 
+@pytest.fixture(scope="module")
+def every_pass(setups: dict[str, Setup], model: Any, smollm: TokenizerInfo) -> dict[str, Engine]:
+    """Engines that speculate on every pass, as they do in half precision (this float32 model's engines speculate
+    on the prompt's pass only)."""
+    engines = {name: Engine(model, smollm, setup.artifact) for name, setup in setups.items()}
+    for engine in engines.values():
+        engine._runs_every_pass = True
+    return engines
+
+
+@pytest.mark.parametrize("passes", ["prompt", "every"])
 @pytest.mark.parametrize("registry", ["catalog", "small"])
-def test_speculated_runs_save_passes_and_change_nothing_else(setups: dict[str, Setup],
-                                                             unspeculated: dict[str, Engine], registry: str) -> None:
-    setup, saved = setups[registry], 0
+def test_speculated_runs_save_passes_and_change_nothing_else(setups: dict[str, Setup], every_pass: dict[str, Engine],
+                                                             unspeculated: dict[str, Engine], registry: str,
+                                                             passes: str) -> None:
+    engine, saved = setups[registry].engine if passes == "prompt" else every_pass[registry], 0
     requests = [Request(query, k) for query, k in _cases(registry)]
     if registry == "catalog":
         requests += [Request(query, k, allow=SHARED_STARTS) for query, k in _cases(registry)]
     for request in requests:
         query, k = request.query, request.k
-        got, plain = setup.engine.run([request])[0], unspeculated[registry].run([request])[0]
+        got, plain = engine.run([request])[0], unspeculated[registry].run([request])[0]
         assert got.token_ids == plain.token_ids, (query, k)
         assert [t.score for t in got.tools] == pytest.approx([t.score for t in plain.tools], abs=1e-4)
         assert [t.margin for t in got.tools] == pytest.approx([t.margin for t in plain.tools], abs=1e-4)
