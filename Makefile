@@ -59,8 +59,9 @@ $(TRAINING_DATA)/meta.json: $(REGISTRY) $(ARTIFACT) $(EVAL_SOURCES) | install
 	$(BIN)/tooltrie gen-data --registry $(REGISTRY) --artifact $(ARTIFACT) --prompt-style $(PROMPT_STYLE) -o $(TRAINING_DATA)
 
 # A LoRA adapter of the default model for the registry (these settings: 41.7 minutes on this project's shared 2-core
-# CPU; the shipped one took 56, before training's attention moved to the faster math backend; see README). For the bundled catalog, `make train ADAPTER=serve/default_adapter` remakes the embedded
-# default with the settings it was made with: rank 16, the plain loss plus the loss over the trie's legal tokens (the
+# CPU; the shipped one took 56, before training's attention moved to the faster math backend; see README). For the
+# bundled catalog, `make train ADAPTER=serve/default_adapter` remakes the embedded default with the settings it was
+# made with: rank 16, the plain loss plus the loss over the trie's legal tokens (the
 # serving mask), 760 balanced steps of 16, both cores.
 ADAPTER ?= build/$(REGISTRY_NAME).adapter
 TRAIN_LOG ?= build/$(REGISTRY_NAME).train.log.jsonl
