@@ -43,7 +43,13 @@ intra-op thread by default (``--torch-threads``): on this shared 2-core machine,
 take 40x longer now and then (OpenMP waiting for a core another process holds), one thread is steady. Other
 processes may share the machine: the load average is recorded.
 
+On a GPU (``--device cuda``) every arm runs there; (b) copies each step's logits to the host for the ``cpu``
+backend, as a mask computed on the host would. A machine without the real weights (a GPU machine has no network)
+times the default's architecture with random weights (``--weights random``): the same cost per token, answers that
+mean nothing (N still comes from the engine's answers, so every arm generates as many tokens).
+
     python bench/bench_decode.py [--repeats 3] [--batch1-queries 8] [--batch1-repeats 2] [--ks 1,3]
+    python bench/bench_decode.py --device cuda --weights random --dtype bfloat16    # on a GPU machine
 """
 
 from __future__ import annotations
@@ -65,7 +71,7 @@ from tooltrie.kernels.rules import Slot, advance, legal_moves
 from tooltrie.kernels.state import DONE, RUNNING, BatchState
 from tooltrie.registry import CATALOG_PATH, load_registry
 from tooltrie.serve.engine import Engine, Request
-from tooltrie.serve.model import load_model
+from tooltrie.serve.model import DEFAULT_TOKENIZER, load_model, random_default_model
 
 QUERIES = (
     "What's the weather in Paris tomorrow?",
@@ -92,6 +98,9 @@ ARMS = (ARM_A, ARM_A2, ARM_B, ARM_C)
 
 
 def clock() -> float:
+    """Seconds, once the GPU's queued work is done (every arm's result is read on the host anyway)."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     return time.perf_counter()
 
 
@@ -132,11 +141,12 @@ def hf_loop(model: Any, prefix: Any, prefix_len: int, suffixes: Sequence[Sequenc
     """
     batch = len(suffixes)
     width = max(len(s) for s in suffixes)
-    ids = torch.full((batch, width), pad_id, dtype=torch.long)
-    mask = torch.zeros((batch, prefix_len + width), dtype=torch.long)
+    device = model.device
+    ids = torch.full((batch, width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((batch, prefix_len + width), dtype=torch.long, device=device)
     mask[:, :prefix_len] = 1
     for i, suffix in enumerate(suffixes):  # left-pad the query part: the last position is real in every row
-        ids[i, width - len(suffix):] = torch.tensor(suffix)
+        ids[i, width - len(suffix):] = torch.tensor(suffix, device=device)
         mask[i, prefix_len + width - len(suffix):] = 1
     cache = copy_cache(prefix, batch)
     state = BatchState.start(artifact, [k] * batch) if artifact is not None else None
@@ -159,7 +169,7 @@ def hf_loop(model: Any, prefix: Any, prefix_len: int, suffixes: Sequence[Sequenc
             if state is None:
                 chosen = torch.argmax(logits, dim=-1).tolist()
             else:
-                chosen = tooltrie_step(artifact, state, logits, backend="cpu").tolist()
+                chosen = tooltrie_step(artifact, state, logits.cpu(), backend="cpu").tolist()
             for position, row in enumerate(rows):
                 tokens[row].append(int(chosen[position]))
             if state is None:
@@ -170,7 +180,7 @@ def hf_loop(model: Any, prefix: Any, prefix_len: int, suffixes: Sequence[Sequenc
             if not keep:
                 break
             if len(keep) < len(rows):  # done rows leave the batch
-                index = torch.tensor(keep)
+                index = torch.tensor(keep, device=device)
                 cache, mask = select_rows(cache, index), mask[index]
                 if state is not None:
                     mapping = np.full(len(rows), -1)
@@ -178,8 +188,8 @@ def hf_loop(model: Any, prefix: Any, prefix_len: int, suffixes: Sequence[Sequenc
                     state.compact(mapping)
                 rows = [rows[p] for p in keep]
                 chosen = [chosen[p] for p in keep]
-            ids = torch.tensor(chosen, dtype=torch.long).reshape(-1, 1)
-            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
+            ids = torch.tensor(chosen, dtype=torch.long, device=device).reshape(-1, 1)
+            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long, device=device)], dim=1)
             positions = mask.sum(dim=1, keepdim=True) - 1
     errors = 0 if state is None else int((state.status != DONE).sum())
     return Loop(tokens=tokens, forwards=forwards, calls=calls, errors=errors)
@@ -385,6 +395,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="torch intra-op threads (default 1: with 2 on a shared 2-core machine, a busy core "
                              "stalls OpenMP and a loop now and then takes 40x longer)")
+    parser.add_argument("--device", default="cpu", help="where the model runs: cpu (default) or cuda")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--weights", choices=("default", "random"), default="default",
+                        help="the default model's base weights, or its architecture with random weights")
     parser.add_argument("--out", default=str(RESULTS_DIR / "decode.json"), help="results file")
     args = parser.parse_args(argv)
     args.k_list = [int(part) for part in args.ks.split(",") if part.strip()]
@@ -399,9 +413,15 @@ def main(argv: list[str] | None = None) -> int:
     began = clock()
     load_average_start = machine_info()["load_average"]
     t0 = clock()
-    model, info = load_model(adapter=False)
+    dtype = getattr(torch, args.dtype)
+    if args.weights == "random":
+        model, model_name, tokenizer_name = random_default_model(dtype=dtype), "random weights", DEFAULT_TOKENIZER
+    else:
+        model, info = load_model(adapter=False, dtype=dtype)
+        model_name, tokenizer_name = info.name, info.tokenizer
+    model = model.to(args.device)
     load_s = clock() - t0
-    tokenizer = TokenizerInfo.load(info.tokenizer)
+    tokenizer = TokenizerInfo.load(tokenizer_name)
     t0 = clock()
     artifact = compile_registry(load_registry(CATALOG_PATH), tokenizer, progress=False)
     compile_s = clock() - t0
@@ -419,7 +439,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = clock()
         prefix_ids = tokenizer.encode(prefix_text)
         with torch.inference_mode():
-            prefix = model.get_decoder()(input_ids=torch.tensor([prefix_ids]), use_cache=True).past_key_values
+            prefix = model.get_decoder()(input_ids=torch.tensor([prefix_ids], device=model.device),
+                                         use_cache=True).past_key_values
         prefix_s = clock() - t0
         suffix_ids = {}
         for q in everyone:  # the prompt is tokenized whole, as the engine does; the prefix must be its start
@@ -473,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     summaries = [summarize_config(config, artifact, tokenizer) for config in configs]
     print_report(prefix_rows, summaries, texts)
     settings = {
-        "model": info.name, "model_dtype": str(info.dtype), "tokenizer": info.tokenizer,
+        "model": model_name, "model_dtype": str(dtype), "tokenizer": tokenizer_name, "device": args.device,
+        "gpu": torch.cuda.get_device_name() if model.device.type == "cuda" else None,
         "registry": "catalog", "n_tools": artifact.trie.n_tools, "ks": args.k_list,
         "batches": [len(QUERIES), 1], "queries": list(QUERIES), "batch1_queries": [QUERIES[q] for q in batch1],
         "repeats_batch16": args.repeats, "repeats_batch1": args.batch1_repeats, "budget_s": args.budget_s,

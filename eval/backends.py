@@ -126,7 +126,7 @@ class GenerateArm(Arm):
             registry, contract = self.setup.artifact.registry, self.setup.artifact.contract
             prefix_ids = self.setup.tokenizer.encode(self.setup.prompt.parts(registry, contract, k)[0])
             with torch.inference_mode():
-                cache = self.setup.model(input_ids=torch.tensor([prefix_ids]), use_cache=True).past_key_values
+                cache = self.setup.model(input_ids=self._tensor([prefix_ids]), use_cache=True).past_key_values
             self._prefixes[k] = (prefix_ids, cache)
         return self._prefixes[k]
 
@@ -144,11 +144,15 @@ class GenerateArm(Arm):
         eos = self.setup.artifact.eos_id
         with torch.inference_mode():
             out = self.setup.model.generate(
-                torch.tensor([ids]), attention_mask=torch.ones((1, len(ids)), dtype=torch.long),
+                self._tensor([ids]), attention_mask=self._tensor([[1] * len(ids)]),
                 past_key_values=cache, do_sample=False, eos_token_id=eos, pad_token_id=eos,
                 max_new_tokens=self.budget(query.k),
                 logits_processor=LogitsProcessorList([self.processor(query.k)]))
         return self._prediction(out[0, len(ids):].tolist())
+
+    def _tensor(self, rows: list[list[int]]) -> torch.Tensor:
+        """Token ids (or a mask) on the model's device."""
+        return torch.tensor(rows, dtype=torch.long, device=self.setup.model.device)
 
     def _prediction(self, generated: list[int]) -> Prediction:
         eos = self.setup.artifact.eos_id

@@ -4,6 +4,7 @@ Rows start on a shared prefix (or on the first part of it), are fed one or sever
 replaced, and outgrow the tail cache; some passes also feed speculative runs after a row's tokens, of which the row
 may adopt one. After every pass each row's hidden state (and each run's) must equal the model's last hidden state
 over that row's prefix share plus everything fed to it and adopted so far (plus the run), with no cache of any kind.
+On a machine with a CUDA GPU the model is checked there too (other kernels, other rounding: a looser tolerance).
 """
 
 from __future__ import annotations
@@ -23,16 +24,19 @@ from tooltrie.serve.decoder import SharedPrefixDecoder
 from tooltrie.serve.model import tiny_llama
 
 VOCAB = 500
+DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+TOLERANCE = {"cpu": {"atol": 2e-5, "rtol": 1e-4}, "cuda": {"atol": 1e-4, "rtol": 1e-3}}
 
 
-@pytest.fixture(scope="module")
-def model() -> Any:
-    return tiny_llama(VOCAB, seed=3)
+@pytest.fixture(scope="module", params=DEVICES)
+def model(request: pytest.FixtureRequest) -> Any:
+    return tiny_llama(VOCAB, seed=3).to(request.param)
 
 
 def full_forward(model: Any, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
-        return model.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]  # type: ignore[no-any-return]
+        ids_tensor = torch.tensor([ids], device=model.device)
+        return model.get_decoder()(input_ids=ids_tensor).last_hidden_state[0, -1]  # type: ignore[no-any-return]
 
 
 # join_limit 0: attention always scored apart over prefix and tails; a large one: joined whenever the rows of a
@@ -43,6 +47,7 @@ def full_forward(model: Any, ids: list[int]) -> torch.Tensor:
 def test_rows_on_shared_prefixes_match_the_full_forward_pass(model: Any, seed: int, slots: int, prefix_count: int,
                                                              join_limit: int) -> None:
     rng = random.Random(seed)
+    tolerance = TOLERANCE[model.device.type]
     # capacity 2 is tiny: the tail cache must grow on the way
     decoder = SharedPrefixDecoder(model, slots, capacity=2, join_limit=join_limit)
     prefixes = [decoder.prefix([rng.randrange(VOCAB) for _ in range(rng.randint(1, 12))])
@@ -68,11 +73,11 @@ def test_rows_on_shared_prefixes_match_the_full_forward_pass(model: Any, seed: i
             run_hidden = iter(hidden[len(active) :])
             for i, slot in enumerate(active):
                 sequences[slot] += feeds[i]
-                torch.testing.assert_close(hidden[i], full_forward(model, sequences[slot]), atol=2e-5, rtol=1e-4)
+                torch.testing.assert_close(hidden[i], full_forward(model, sequences[slot]), **tolerance)
             for i, slot in enumerate(active):
                 for run in runs[i]:  # each run as if fed alone after the row's feed
                     torch.testing.assert_close(next(run_hidden), full_forward(model, sequences[slot] + run),
-                                               atol=2e-5, rtol=1e-4)
+                                               **tolerance)
                 if runs[i] and rng.random() < 0.7:  # the row goes on with one of its runs (or none)
                     chosen = rng.randrange(len(runs[i]))
                     decoder.adopt(slot, chosen)

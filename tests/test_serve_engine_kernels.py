@@ -2,6 +2,8 @@
 fused CUDA sparse-head kernel (``decisions="cuda"``, on a GPU or under ``NUMBA_ENABLE_CUDASIM=1``) give the same
 answers as the default torch path: the same tokens and tools, scores and margins within 1e-4 (the kernels sum in
 float64, torch multiplies in float32), with mixed k, a subset request and an unconstrained row in one batch.
+On a machine with a CUDA GPU the model also runs there: its decisions default to the kernel, fed torch's CUDA
+tensors in place, and must match torch's decisions on the same GPU and the CPU engine's answers.
 
 The tiny random Llama with SmolLM2's vocabulary, the bundled SmolLM2 tokenizer; the simulator costs ~0.1-0.4 s per
 block (one block per deciding row and step), so its cases are few.
@@ -23,6 +25,7 @@ from tooltrie.serve.engine import Answer, Engine, Request
 SMALL_QUERIES = ("What is the weather in Paris?", "hi", "stock price of ACME")
 HAS_CUDA = bool(config.ENABLE_CUDASIM or cuda.is_available())
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no GPU here and NUMBA_ENABLE_CUDASIM is not set")
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU here (torch sees none)")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,7 @@ def _same(got: Answer, expected: Answer) -> None:
 
 def _compare(model: Any, tokenizer: TokenizerInfo, artifact: Artifact, requests: list[Request], decisions: str,
              max_batch: int = 8) -> list[Answer]:
-    expected = Engine(model, tokenizer, artifact, max_batch=max_batch).run(requests)
+    expected = Engine(model, tokenizer, artifact, max_batch=max_batch, decisions="torch").run(requests)
     engine = Engine(model, tokenizer, artifact, max_batch=max_batch, decisions=decisions)
     assert engine.decisions == decisions
     got = engine.run(requests)
@@ -114,3 +117,22 @@ def test_cuda_decisions_equal_torch_on_the_catalog(model: Any, smollm: Tokenizer
                                                    catalog_artifact: Artifact) -> None:
     requests = [Request("What's the weather like in Paris tomorrow?", 3), Request("hi", 2)]
     _compare(model, smollm, catalog_artifact, requests, "cuda")
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_model_on_the_gpu_decides_with_the_kernel_on_torch_tensors(model: Any, smollm: TokenizerInfo,
+                                                                     catalog_artifact: Artifact,
+                                                                     dtype: torch.dtype) -> None:
+    gpu = copy.deepcopy(model).to("cuda", dtype)
+    assert Engine(gpu, smollm, catalog_artifact).decisions == "cuda"
+    requests = _small_requests()
+    answers = _compare(gpu, smollm, small_artifact(smollm), requests, "cuda")
+    catalog = [Request("What's the weather like in Paris tomorrow?", 3), Request("hi", 2),
+               Request("convert 300 dollars to euros and book a hotel", 1)]
+    _compare(gpu, smollm, catalog_artifact, catalog, "cuda", max_batch=2)  # rows join and leave
+    if dtype == torch.float32:  # the same answers as on the CPU (the tiny model's choices are clear-cut)
+        for answer, reference in zip(answers, Engine(model, smollm, small_artifact(smollm)).run(requests),
+                                     strict=True):
+            assert answer.token_ids == reference.token_ids
+            assert [t.score for t in answer.tools] == pytest.approx([t.score for t in reference.tools], abs=1e-3)

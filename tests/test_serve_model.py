@@ -26,6 +26,7 @@ from tooltrie.compiler import TokenizerInfo
 from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR
 from tooltrie.errors import ModelError, TooltrieError
 from tooltrie.serve.model import (
+    DEFAULT_ARCHITECTURE,
     DEFAULT_MODEL_NAME,
     DEFAULT_TOKENIZER,
     DEFAULT_VOCAB_SIZE,
@@ -35,6 +36,7 @@ from tooltrie.serve.model import (
     locate_default_gguf,
     locate_default_model,
     model_fingerprint,
+    random_default_model,
     serving_dtype,
     tiny_llama,
 )
@@ -370,6 +372,16 @@ def test_slow_converted_default_matches_the_gguf(real_default: dict[str, Any], s
     torch.testing.assert_close(_logits(converted, PROMPT_IDS), expected, rtol=1e-5, atol=1e-4)
     assert model_fingerprint(from_gguf) == info.fingerprint
     assert converted.lm_head.weight is converted.model.embed_tokens.weight
+
+
+@needs_real_model
+def test_the_random_default_has_the_default_models_architecture(real_default: dict[str, Any]) -> None:
+    """What the benchmarks time with ``--weights random`` is the default's shape: config and every tensor's."""
+    real = real_default["model"]
+    for key, value in DEFAULT_ARCHITECTURE.items():
+        assert getattr(real.config, key) == pytest.approx(value), key
+    shapes = {name: tensor.shape for name, tensor in random_default_model().state_dict().items()}
+    assert shapes == {name: tensor.shape for name, tensor in real.state_dict().items()}
 
 
 @needs_real_model
