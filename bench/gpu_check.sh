@@ -8,12 +8,13 @@
 #      weights cannot travel (the machine has no network; a call carries 64 MiB), so the default's architecture
 #      runs with random weights (--weights random): the same cost per token.
 # The machine has no network: the project is installed from this tree without dependencies (its image has torch,
-# numba, numba-cuda, tokenizers, safetensors, pyyaml, pytest, hypothesis); what it lacks, or has in another version
-# than the one tested, comes as wheels carried in .whl/ (here: `echo /.whl/ >> .git/info/exclude`, then):
+# numba, numba-cuda, tokenizers, safetensors, pyyaml, pytest, hypothesis); what it lacks, or has in a version that
+# does not work here, comes as wheels carried in .whl/ (here: `echo /.whl/ >> .git/info/exclude`, then):
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl xgrammar==0.2.8 \
-#     apache-tvm-ffi==0.1.15.post2 numba-cuda==0.30.4 pydantic==2.14.4 pydantic-core==2.50.5 \
-#     annotated-types==0.8.0 typing-inspection==0.4.5
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl numpy==2.4.6 xgrammar==0.2.8 \
+#     apache-tvm-ffi==0.1.15.post2 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 \
+#     typing-inspection==0.4.5
+# numpy: the image's 2.5.2 has no np.row_stack, which numba-cuda 0.30.4 (the image's and ours) needs to compile.
 # Each step has its own time limit and a failed step does not stop the next.
 set -uo pipefail
 OUT=${OUT:-build/gpu}
@@ -33,11 +34,8 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log its status
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site $(ls .whl/*.whl | grep -v numba_cuda)
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-numba-cuda .whl/numba_cuda-*.whl
-    export PYTHONPATH=/tmp/site-numba-cuda:/tmp/site
-    # the tested numba-cuda, unless it does not work with the image's numba: then the image's own
-    python3 -c "from numba import cuda; assert cuda.is_available()" || export PYTHONPATH=/tmp/site
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site
   fi
   python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
   python3 - <<'EOF'
