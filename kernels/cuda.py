@@ -226,6 +226,7 @@ class CudaStepper:
         # No rows: every slot has the whole registry (the kernel reads the compiled counts).
         self._whole_registry = (cuda.device_array((0, 0), np.int32), cuda.device_array((0, 0), np.uint8))
         self._no_stats = cuda.device_array((0, 3), np.float64)  # no rows: statistics not wanted
+        self._no_hidden = cuda.device_array(0, np.float32)  # 1-D: the dense step (a launch cannot pass None)
         self._paths: tuple[Any, Any] | None = None
 
     def step(self, table: Any, logits: Any, chosen: Any, *, subsets: tuple[Any, Any] | None = None,
@@ -240,8 +241,8 @@ class CudaStepper:
                 "torch.bfloat16", "int16", "torch.int16"):
             raise ValueError("stats need float16/float32 logits: bfloat16 logits are compared as their bits")
         logits = _bf16_as_bits(logits)
-        self._launch(table, subsets, logits, None, logits.shape[0], logits.shape[1], chosen, reasoning_end_id, vocab,
-                     stream, stats)
+        self._launch(table, subsets, logits, self._no_hidden, logits.shape[0], logits.shape[1], chosen,
+                     reasoning_end_id, vocab, stream, stats)
 
     def sparse_step(self, table: Any, hidden: Any, output_embedding: Any, chosen: Any, *,
                     subsets: tuple[Any, Any] | None = None, reasoning_end_id: int | None = None,

@@ -48,10 +48,11 @@ def compile_variant(artifact: Artifact, *, placement: str, layout: str, score_ki
     from tooltrie.kernels.cuda import TRIE_FIELDS, make_constant_kernel, make_global_kernel
 
     index = types.int32[::1]
+    dense = types.float32[::1]  # what ``CudaStepper.step`` passes for hidden: an empty 1-D array
     scores, hidden = {
-        "float32": (types.float32[:, ::1], types.none),
-        "bfloat16-bits": (types.int16[:, ::1], types.none),
-        "float16": (types.float16[:, ::1], types.none),
+        "float32": (types.float32[:, ::1], dense),
+        "bfloat16-bits": (types.int16[:, ::1], dense),
+        "float16": (types.float16[:, ::1], dense),
         "sparse-head": (types.float32[:, ::1], types.float32[:, ::1]),
     }[score_kind]
     launch = (types.int64, types.int64, types.int64, types.int32[:, ::1], types.int32[:, ::1], types.uint8[:, ::1],

@@ -12,8 +12,8 @@ phase_trie, tool_path_start, tool_path_edges)``. A row limited to a subset of th
 counts and allowed tools from ``counts [B, E]`` and ``allowed [B, n_tools]``; when those arrays have no rows,
 every slot has the whole registry (the compiled ``edge_tool_count``). Scores come from
 ``score(scores, hidden, row, col)``: logits ``[B, V]`` (float, or bfloat16 bits viewed as int16) when ``hidden``
-is None, else the sparse head: the dot product of ``hidden[row]`` with row ``col`` of the output embedding
-``scores = W [V, H]``.
+is None or a 1-D array (a CUDA launch cannot pass None: it passes an empty one), else the sparse head: the dot
+product of ``hidden[row]`` (``[B, H]``) with row ``col`` of the output embedding ``scores = W [V, H]``.
 
 A step may also report, per row, what a score of the decision needs (``stats [B, 3]`` float64: the best value,
 the runner-up value, the log-sum-exp of the candidates' values; see :func:`put_stats`), so no caller has to
@@ -83,7 +83,7 @@ def _dot(scores: Any, hidden: Any, row: int, col: int) -> float:
 
 def score(scores: Any, hidden: Any, row: int, col: int) -> float:
     """The score of output column ``col`` for ``row`` (Python dispatch; compiled code uses the overload)."""
-    if hidden is not None:
+    if hidden is not None and hidden.ndim == 2:
         return _dot(scores, hidden, row, col)
     if scores.dtype == np.int16:
         return _logit_bf16(scores, hidden, row, col)
@@ -91,7 +91,7 @@ def score(scores: Any, hidden: Any, row: int, col: int) -> float:
 
 
 def _score_overload(scores: Any, hidden: Any, row: int, col: int) -> Any:  # same parameters as the impls
-    if not isinstance(hidden, types.NoneType):
+    if isinstance(hidden, types.Array) and hidden.ndim == 2:
         return _dot
     return _logit_bf16 if scores.dtype == types.int16 else _logit_float
 
