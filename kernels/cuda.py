@@ -20,6 +20,7 @@ bits (``kernels/walk.py`` orders them exactly, with no conversion pass).
 from __future__ import annotations
 
 import logging
+import warnings
 from collections import OrderedDict
 from typing import Any
 
@@ -43,6 +44,7 @@ WARP = 32
 LAYOUTS = ("warp", "thread")
 THREADS_PER_BLOCK = 128  # thread layout: slots per block
 _KERNEL_CACHE_SIZE = 16
+_LAUNCHES_CACHED = 256  # configured launches per stepper: (grid, block, stream) kinds seen
 _kernels: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
 
 TRIE_FIELDS = ("node_edge_start", "edge_token", "edge_child", "edge_tool_count", "node_tool", "trie_root",
@@ -228,6 +230,7 @@ class CudaStepper:
         self._no_stats = cuda.device_array((0, 3), np.float64)  # no rows: statistics not wanted
         self._no_hidden = cuda.device_array(0, np.float32)  # 1-D: the dense step (a launch cannot pass None)
         self._paths: tuple[Any, Any] | None = None
+        self._launches: dict[tuple[int, int, int | None], Any] = {}  # see _configured
 
     def step(self, table: Any, logits: Any, chosen: Any, *, subsets: tuple[Any, Any] | None = None,
              reasoning_end_id: int | None = None, vocab: VocabMap | None = None, stream: Any = None,
@@ -278,18 +281,36 @@ class CudaStepper:
             stats = self._no_stats
         check_stats(stats, table.shape[0])
         maps = _device_maps(vocab)
-        stream = stream if stream is not None else _torch_stream(scores)
         batch = table.shape[0]
         if self.layout == "warp":
             grid, block = batch, WARP
         else:
             grid, block = (batch + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK, THREADS_PER_BLOCK
-        launch = self._kernel[grid, block, stream] if stream is not None else self._kernel[grid, block]
+        if stream is not None:  # the caller's own stream
+            launch = self._kernel[grid, block, stream]
+        else:
+            launch = self._configured(grid, block, _torch_stream_handle(scores))
         artifact = self.artifact
         counts, allowed = subsets if subsets is not None else self._whole_registry
         launch(*self._trie_args, artifact.trie.n_tools, artifact.eos_id,
                -1 if reasoning_end_id is None else reasoning_end_id, table, counts, allowed, scores, hidden, n_cols,
                *maps, chosen, stats)
+
+    def _configured(self, grid: int, block: int, torch_stream: int | None) -> Any:
+        """The kernel configured for this grid, block and torch stream (None: the default stream), made once per
+        kind: configuring makes Numba objects (the stream's too) on every launch, and warns about grids under 128
+        blocks, which one block per slot makes this kernel's usual case."""
+        key = (grid, block, torch_stream)
+        launch = self._launches.get(key)
+        if launch is None:
+            if len(self._launches) >= _LAUNCHES_CACHED:
+                self._launches.clear()
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=r".*Grid size \d+ will likely result in GPU under-util")
+                launch = (self._kernel[grid, block] if torch_stream is None
+                          else self._kernel[grid, block, cuda.external_stream(torch_stream)])
+            self._launches[key] = launch
+        return launch
 
 
 def compact_on_device(table: Any, batch_mapping: Any) -> Any:
@@ -327,10 +348,10 @@ def _bf16_as_bits(logits: Any) -> Any:
     return logits
 
 
-def _torch_stream(array: Any) -> Any:
-    """Torch's current stream, when ``array`` is a torch CUDA tensor, as a Numba external stream."""
+def _torch_stream_handle(array: Any) -> int | None:
+    """The handle of torch's current stream on ``array``'s device, when it is a torch CUDA tensor."""
     if type(array).__module__.startswith("torch") and getattr(array, "is_cuda", False):
         import torch
 
-        return cuda.external_stream(torch.cuda.current_stream(array.device).cuda_stream)
+        return int(torch.cuda.current_stream(array.device).cuda_stream)
     return None

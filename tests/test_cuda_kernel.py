@@ -7,6 +7,8 @@ so the cases are small: a few slots, a few steps.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from numba import config, cuda
@@ -208,6 +210,29 @@ def test_device_arrays_zero_copy(tools_artifact, library):
         if (state_ref.status != RUNNING).all():
             break
     assert (state_ref.status == DONE).all()
+
+
+@pytest.mark.skipif(bool(config.ENABLE_CUDASIM), reason="needs a real GPU: the simulator has no streams to follow")
+def test_launches_follow_torch_streams_and_small_grids_do_not_warn(tools_artifact):
+    """A launch is configured once per grid and torch stream: a step on another stream runs there, and a grid of
+    one block (one slot: the usual case) raises no Numba performance warning."""
+    torch = pytest.importorskip("torch")
+    stepper = CudaStepper(tools_artifact)
+    state_ref = BatchState.start(tools_artifact, [2])
+    table = torch.from_numpy(state_ref.table.copy()).cuda()
+    chosen = torch.empty(1, dtype=torch.int32, device="cuda")
+    rng = np.random.default_rng(5)
+    side = torch.cuda.Stream()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for stream in (torch.cuda.current_stream(), side, torch.cuda.current_stream()):
+            values = rng.standard_normal((1, 50257)).astype(np.float32)
+            expected = step(tools_artifact, state_ref, values, backend="reference")
+            with torch.cuda.stream(stream):
+                stepper.step(table, torch.from_numpy(values).cuda(), chosen)
+            stream.synchronize()
+            np.testing.assert_array_equal(chosen.cpu().numpy(), expected)
+    assert len(stepper._launches) == 2
 
 
 @pytest.mark.parametrize(("placement", "layout"), [("constant", "warp"), ("global", "thread")])
