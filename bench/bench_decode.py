@@ -1,7 +1,8 @@
-"""End-to-end decode cost on the CPU with the real model: tooltrie's engine against full-head decoding, taking turns.
+"""End-to-end decode cost with the real model (on the CPU, or a GPU): tooltrie's engine against full-head decoding,
+taking turns.
 
 Model: SmolLM2-135M-Instruct, the base (``load_model(adapter=False)``: the catalog prompt is the base model's; the
-fine-tuned default's short prompt is measured by ``bench_serve.py``), float32; registry: the 47-tool
+fine-tuned default's short prompt is measured by ``bench_serve.py``), float32 (``--dtype``); registry: the 47-tool
 catalog compiled for the bundled tokenizer. Every arm answers the same fixed queries (``QUERIES``) under the
 engine's prompt for that k (chat template + system prompt listing the catalog, ~1,300 tokens), for k = 1 and 3,
 at batch 1 (one request at a time) and batch 16 (the 16 queries together). Arms:
