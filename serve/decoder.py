@@ -29,6 +29,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -150,10 +151,12 @@ class SharedPrefixDecoder:
         n, width = len(slots), max(len(tokens) for tokens in packed)
         kv, groups, d = self.kv_heads, self.groups, self.head_dim
         rows = torch.tensor(slots, device=self.device)
-        new = torch.tensor([len(tokens) for tokens in packed], device=self.device)
+        lengths = [len(tokens) for tokens in packed]
+        firsts = [0, *accumulate(lengths)][:-1]  # each row's first packed token (on the host: no device round trip)
+        new = torch.tensor(lengths, device=self.device)
         row_of = torch.repeat_interleave(torch.arange(n, device=self.device), new)  # each packed token's row
-        ends = new.cumsum(0)
-        offset_of = torch.arange(int(ends[-1]), device=self.device) - (ends - new)[row_of]  # its place in the feed
+        offset_of = (torch.arange(sum(lengths), device=self.device)
+                     - torch.tensor(firsts, device=self.device)[row_of])  # its place in the feed
         start = self.tail_length[rows]  # where each feed goes in its row's tail
         layout = _Layout(feeds, runs, width)
         if int((start + width).max()) > self.capacity:
@@ -217,7 +220,6 @@ class SharedPrefixDecoder:
         self.tail_length[rows] = start + fed  # the runs' keys and values lie beyond, until adopted or overwritten
         for slot, row_start, places in zip(slots, start.tolist(), layout.run_places, strict=True):
             self._runs[slot] = [(row_start + offset, length) for offset, length in places]
-        firsts = (ends - new).tolist()  # each row's first packed token
         last = [first + len(feed) - 1 for first, feed in zip(firsts, feeds, strict=True)]
         last += [first + offset + length - 1 for first, places in zip(firsts, layout.run_places, strict=True)
                  for offset, length in places]
