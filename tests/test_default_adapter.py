@@ -7,7 +7,10 @@ reloads to the same answers: a fixed sample of held-out MetaTool queries (``adap
 
 from __future__ import annotations
 
+import argparse
 import json
+import shlex
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +21,10 @@ from tooltrie.registry import CATALOG_PATH, load_registry
 from tooltrie.serve.engine import Engine, Request
 from tooltrie.serve.model import DEFAULT_ADAPTER_DIR, bundled_adapter, load_model, serving_dtype, training_mismatch
 from tooltrie.serve.prompt import Prompt
+from tooltrie.train.command import add_train_command, settings_from_args
 
 EXPECTED = Path(__file__).with_name("adapter_answers.json")
+MAKEFILE = Path(__file__).resolve().parents[1] / "Makefile"
 
 pytestmark = pytest.mark.skipif(bundled_adapter() is None, reason="no adapter is shipped in serve/default_adapter")
 
@@ -49,3 +54,17 @@ def test_the_default_reproduces_its_held_out_answers(default: tuple[Any, Any]) -
                     prompt=Prompt.style(info.prompt_style))
     answers = engine.run([Request(case["query"], case["k"]) for case in expected])
     assert [[t.name for t in answer.tools] for answer in answers] == [case["tools"] for case in expected]
+
+
+def test_make_train_remakes_the_default_with_the_settings_it_was_made_with() -> None:
+    """``make train ADAPTER=serve/default_adapter`` passes the Makefile's TRAIN_OPTIONS: the shipped adapter's record
+    must name the same settings, or the README's recipe is not the one that made it."""
+    line = next(line for line in MAKEFILE.read_text(encoding="utf-8").splitlines()
+                if line.startswith("TRAIN_OPTIONS ?="))
+    parser = argparse.ArgumentParser()
+    add_train_command(parser.add_subparsers())
+    args = parser.parse_args(["train", "DATA", "-o", "OUT", *shlex.split(line.partition("?=")[2])])
+    settings = json.loads(json.dumps(asdict(settings_from_args(args))))  # tuples as the record's lists
+    record = json.loads((DEFAULT_ADAPTER_DIR / "tooltrie.json").read_text(encoding="utf-8"))
+    assert {k: v for k, v in record["lora"].items() if k not in ("parameters", "stored_dtype")} == settings.pop("lora")
+    assert record["training"]["settings"] == settings
