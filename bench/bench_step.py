@@ -7,9 +7,11 @@ advances by *our* token, so all arms take the same number of steps over the same
 
 - ``tooltrie cpu``: ``tooltrie.kernels.step(artifact, state, logits, backend="cpu")`` (Numba; no-repeat on);
 - ``cpu twin, no-repeat on`` / ``cpu twin, no-repeat off``: a copy of the CPU step in this file that advances
-  by the recorded move; "on" calls the library's ``best_move``, "off" a copy of it that reads the compiled edge
-  counts without subtracting the used tools (and treats every terminal as unused). Same wrapper, same advance:
-  on/off - 1 is the cost of no-repeat;
+  by the recorded move; "on" calls the library's ``best_move``, "off" a copy of it without no-repeat (nothing
+  subtracted from the edge counts for the used tools, every allowed terminal unused). Same wrapper, same
+  advance: on/off - 1 is the cost of no-repeat;
+- ``cpu twin, no-repeat on (A/A)``: a second compilation of the "on" twin, timed like the others: on/A/A - 1
+  is what this machine's noise makes of two identical arms, the resolution of the on/off ratio;
 - ``tooltrie reference``: the NumPy/Python oracle (``backend="reference"``), for context;
 - ``TrieMatcher bitmask``: ``fill_next_token_bitmask`` + ``tooltrie.kernels.apply_token_bitmask_inplace``
   (NumPy) + argmax + ``accept_token``, the path for engines that want a bitmask;
@@ -87,6 +89,7 @@ from tooltrie.kernels.walk import (
     best_move,
     best_plain,
     is_plain,
+    lse_add,
     phase,
     score,
     take_move,
@@ -103,6 +106,7 @@ TARGETS = {
 }
 ARM_CPU, ARM_ON, ARM_OFF, ARM_REF = "tooltrie cpu", "cpu twin, no-repeat on", "cpu twin, no-repeat off", \
     "tooltrie reference"
+ARM_AA = "cpu twin, no-repeat on (A/A)"
 ARM_MATCHER, ARM_XGR, ARM_LLG, ARM_OC = "TrieMatcher bitmask", "xgrammar", "llguidance", "outlines-core"
 ARM_REBUILD = "xgrammar rebuild-and-retry"
 PEERS = (ARM_XGR, ARM_LLG, ARM_OC)
@@ -112,37 +116,47 @@ PEERS = (ARM_XGR, ARM_LLG, ARM_OC)
 
 @numba.njit(inline="always")
 def best_move_no_repeat_off(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id: int, table: Any,
-                            scores: Any, hidden: Any, full_to_output: Any) -> tuple[float, int, int, int]:
-    """``kernels/walk.py``'s ``best_move`` with no-repeat off: an edge is open when its compiled count is
-    positive (no subtraction of the used tools), and every terminal may stop or hop."""
+                            counts: Any, allowed: Any, scores: Any, hidden: Any, full_to_output: Any,
+                            with_stats: bool) -> tuple[float, int, int, int, float, float, float]:
+    """``kernels/walk.py``'s ``best_move`` with no-repeat off and nothing else changed (subsets and statistics
+    included): an edge is open when its count is positive, nothing subtracted for the used tools, and every
+    allowed terminal may stop or hop."""
     node_edge_start, edge_token, edge_tool_count = trie[0], trie[1], trie[3]
     node_tool, trie_root, phase_trie = trie[4], trie[5], trie[6]
     k, node, emitted = table[row, K], table[row, NODE], table[row, EMITTED]
     tool = node_tool[node]
-    unused = tool >= 0  # the one change at terminals: no scan of the used tools
+    unused = tool >= 0 and (allowed.shape[0] == 0 or allowed[row, tool] != 0)  # no scan of the used tools
+    own_counts = counts.shape[0] > 0
     own_first, n_own = node_edge_start[node], node_edge_start[node + 1] - node_edge_start[node]
     hop_first, n_hop = 0, 0
     if unused and emitted + 1 < k:
         root = trie_root[phase_trie[phase(emitted + 1, k)]]
         hop_first, n_hop = node_edge_start[root], node_edge_start[root + 1] - node_edge_start[root]
     best_value, best_token, best_kind, best_edge = -np.inf, -1, -1, -1
+    runner_up, lse_max, lse_sum = -np.inf, -np.inf, 0.0
     for i in range(lane, n_own + n_hop, stride):
         if i < n_own:
             edge, kind = own_first + i, MOVE_EDGE
         else:
             edge, kind = hop_first + i - n_own, MOVE_HOP
-        count = edge_tool_count[edge]  # the other change: the compiled count, nothing subtracted
+        count = counts[row, edge] if own_counts else edge_tool_count[edge]  # nothing subtracted
         token = edge_token[edge]
         col = full_to_output[token]
         if count > 0 and col >= 0:
             value = score(scores, hidden, row, col)
+            if with_stats:
+                runner_up = max(runner_up, min(value, best_value))
+                lse_max, lse_sum = lse_add(lse_max, lse_sum, value)
             if beats(value, token, best_value, best_token):
                 best_value, best_token, best_kind, best_edge = value, token, kind, edge
     if lane == 0 and unused and emitted + 1 == k and full_to_output[eos_id] >= 0:
         value = score(scores, hidden, row, full_to_output[eos_id])
+        if with_stats:
+            runner_up = max(runner_up, min(value, best_value))
+            lse_max, lse_sum = lse_add(lse_max, lse_sum, value)
         if beats(value, eos_id, best_value, best_token):
             best_value, best_token, best_kind, best_edge = value, eos_id, MOVE_STOP, -1
-    return best_value, best_token, best_kind, best_edge
+    return best_value, best_token, best_kind, best_edge, runner_up, lse_max, lse_sum
 
 
 def _replay_rows(best: Any) -> Any:
@@ -152,9 +166,9 @@ def _replay_rows(best: Any) -> Any:
     @numba.njit(nogil=True)
     def rows(node_edge_start: Any, edge_token: Any, edge_child: Any, edge_tool_count: Any, node_tool: Any,
              trie_root: Any, phase_trie: Any, tool_path_start: Any, tool_path_edges: Any, n_tools: int,
-             eos_id: int, reasoning_end_id: int, table: Any, scores: Any, hidden: Any, n_cols: int,
-             full_to_output: Any, output_to_full: Any, chosen: Any, token: int, kind: int, edge: int,
-             picked: Any) -> None:
+             eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any, scores: Any,
+             hidden: Any, n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any, token: int,
+             kind: int, edge: int, picked: Any) -> None:
         trie = (node_edge_start, edge_token, edge_child, edge_tool_count, node_tool, trie_root, phase_trie,
                 tool_path_start, tool_path_edges)
         for row in range(table.shape[0]):
@@ -162,17 +176,18 @@ def _replay_rows(best: Any) -> Any:
             if table[row, STATUS] != RUNNING:
                 continue
             if is_plain(table, row):
-                _, plain = best_plain(row, 0, 1, n_cols, scores, hidden, output_to_full, -1)
+                plain = best_plain(row, 0, 1, n_cols, scores, hidden, output_to_full, -1, False)[1]
                 take_plain(row, plain, eos_id, reasoning_end_id, table, chosen)
                 continue
-            _, best_token, _, _ = best(row, 0, 1, trie, n_tools, eos_id, table, scores, hidden, full_to_output)
-            picked[row] = best_token
+            picked[row] = best(row, 0, 1, trie, n_tools, eos_id, table, counts, allowed, scores, hidden,
+                               full_to_output, False)[1]
             take_move(row, token, kind, edge, trie, table, chosen)
 
     return rows
 
 
 _ROWS_ON, _ROWS_OFF = _replay_rows(best_move), _replay_rows(best_move_no_repeat_off)
+_ROWS_AA = _replay_rows(best_move)  # a second compilation of the "on" twin: the A/A arm
 
 
 def replay_step(rows: Any, artifact: Artifact, state: BatchState, logits: Any, move: tuple[int, int, int],
@@ -184,8 +199,8 @@ def replay_step(rows: Any, artifact: Artifact, state: BatchState, logits: Any, m
     chosen = np.empty(len(state), dtype=np.int32)
     rows(trie.node_edge_start, trie.edge_token, trie.edge_child, trie.edge_tool_count, trie.node_tool,
          trie.trie_root, trie.phase_trie, trie.tool_path_start, trie.tool_path_edges, trie.n_tools,
-         artifact.eos_id, -1, state.table, scores, None, scores.shape[1], vocab.full_to_output, vocab.output_to_full,
-         chosen, move[0], move[1], move[2], picked)
+         artifact.eos_id, -1, state.table, state.counts, state.allowed, scores, None, scores.shape[1],
+         vocab.full_to_output, vocab.output_to_full, chosen, move[0], move[1], move[2], picked)
     return chosen
 
 
@@ -612,11 +627,12 @@ def bench_config(args: argparse.Namespace, shared: Shared, registry: str, artifa
     separator = artifact.contract.separator
     print(f"\n[{registry}: {len(names):,} tools, k = {k}]", flush=True)
     walks = make_walks(artifact, k, args.walks, vocab, args.seed, config)
-    samples = {name: Samples() for name in (ARM_CPU, ARM_ON, ARM_OFF, ARM_REF, ARM_MATCHER, *PEERS)}
+    samples = {name: Samples() for name in (ARM_CPU, ARM_ON, ARM_OFF, ARM_AA, ARM_REF, ARM_MATCHER, *PEERS)}
     arms: dict[str, Arm] = {
         ARM_CPU: arm_backend("cpu", artifact, k, walks, samples[ARM_CPU]),
         ARM_ON: arm_twin(_ROWS_ON, artifact, k, walks, samples[ARM_ON], must_match=True),
         ARM_OFF: arm_twin(_ROWS_OFF, artifact, k, walks, samples[ARM_OFF], must_match=False),
+        ARM_AA: arm_twin(_ROWS_AA, artifact, k, walks, samples[ARM_AA], must_match=True),
         ARM_REF: arm_backend("reference", artifact, k, walks, samples[ARM_REF]),
         ARM_MATCHER: arm_matcher(artifact, k, walks, vocab, samples[ARM_MATCHER]),
     }
@@ -676,7 +692,7 @@ def bench_config(args: argparse.Namespace, shared: Shared, registry: str, artifa
         for part in ("fill", "apply_argmax", "advance", "fill_advance", "compile", "step_with_used_tools"):
             if sample.values(part):
                 record[f"{part}_us"] = stats(sample.values(part))
-        if name not in (ARM_CPU, ARM_ON, ARM_REF) and sample.calls:
+        if name not in (ARM_CPU, ARM_ON, ARM_AA, ARM_REF) and sample.calls:
             record["argmax_differs_steps"] = sample.argmax_differs  # in the last timed call
         minima = sample.position_minima("step")
         if minima is not None and name != ARM_REBUILD:
@@ -731,6 +747,8 @@ def ratios(arms: dict[str, Any]) -> dict[str, Any]:
     on_min, off_min = arms.get(ARM_ON, {}).get("min_of_repeats"), arms.get(ARM_OFF, {}).get("min_of_repeats")
     out["no-repeat overhead (sum of per-step minima over repeats)"] = (
         on_min["total_us"] / off_min["total_us"] - 1 if on_min and off_min else None)
+    aa_ratio = _ratio(on_answer, _median_of(arms, ARM_AA, "answer_us"))
+    out["A/A: twin on / its second copy - 1 (answer)"] = None if aa_ratio is None else aa_ratio - 1
     out["twin on / tooltrie cpu (answer)"] = _ratio(on_answer, cpu_answer)
     for name in PEERS:
         out[f"{name} fill+advance only / tooltrie cpu (step)"] = _ratio(_median_of(arms, name, "fill_advance_us"),
@@ -808,7 +826,7 @@ def print_report(shared: Shared, configs: list[dict[str, Any]], targets: list[di
     for c in configs:
         for key, value in c["ratios"].items():
             if value is not None:
-                shown = f"{value * 100:+.1f}%" if "overhead" in key else f"{value:.2f}x"
+                shown = f"{value * 100:+.1f}%" if "overhead" in key or "A/A" in key else f"{value:.2f}x"
                 ratio_rows.append({"registry": c["registry"], "k": c["k"], "ratio": key, "value": shown})
     print_table(ratio_rows, title="Ratios (of medians)")
     for c in configs:

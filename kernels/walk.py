@@ -40,6 +40,7 @@ K, NODE, DEPTH, EMITTED, STATUS, CONSTRAINED, THINKING, USED = range(8)  # colum
 RUNNING, DONE, ERROR = 0, 1, 2  # values of the STATUS column
 
 MOVE_EDGE, MOVE_HOP, MOVE_STOP = 0, 1, 2
+NO_EDGE = 2**31 - 1  # above every edge id (int32)
 _BF16_MAGNITUDE, _BF16_INF = 0x7FFF, 0x7F80
 
 # The CUDA simulator runs kernels as Python threads over fake device arrays, which compiled CPU functions cannot
@@ -165,6 +166,25 @@ def terminal_open(table: Any, allowed: Any, row: int, tool: int) -> bool:
 
 
 @_jit
+def next_crossing(table: Any, row: int, emitted: int, extra_tool: int, trie_index: int, at_depth: int,
+                  n_tools: int, tool_path_start: Any, tool_path_edges: Any, lowest: int) -> tuple[int, int]:
+    """The lowest edge from ``lowest`` on that a used tool (or ``extra_tool``, unless -1) crosses at ``at_depth`` of
+    trie ``trie_index``, and how many of them cross it; ``NO_EDGE`` and 0 when none does. Each tool's path has
+    one edge per depth, so only these edges lose count at a node (those of other nodes are never scanned)."""
+    edge, times = NO_EDGE, 0
+    for j in range(emitted + (1 if extra_tool >= 0 else 0)):
+        used = table[row, USED + j] if j < emitted else extra_tool
+        start = tool_path_start[trie_index * n_tools + used]
+        if at_depth < tool_path_start[trie_index * n_tools + used + 1] - start:
+            crossed = tool_path_edges[start + at_depth]
+            if lowest <= crossed < edge:
+                edge, times = crossed, 1
+            elif crossed == edge:
+                times += 1
+    return edge, times
+
+
+@_jit
 def best_move(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any,
               allowed: Any, scores: Any, hidden: Any, full_to_output: Any, with_stats: bool
               ) -> tuple[float, int, int, int, float, float, float]:
@@ -188,21 +208,30 @@ def best_move(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id:
         hop_first, n_hop = node_edge_start[root], node_edge_start[root + 1] - node_edge_start[root]
     best_value, best_token, best_kind, best_edge = -np.inf, -1, -1, -1
     runner_up, lse_max, lse_sum = -np.inf, -np.inf, 0.0
+    # The next edge a used tool crosses (see next_crossing), looked up again only once this lane is past it.
+    crossing_edge, crossing_times = next_crossing(table, row, emitted, -1, own_trie, depth, n_tools,
+                                                  tool_path_start, tool_path_edges, own_first + lane)
+    hopping = False
     for i in range(lane, n_own + n_hop, stride):
         if i < n_own:
             edge, kind, trie_index, at_depth, extra_tool = own_first + i, MOVE_EDGE, own_trie, depth, -1
         else:
             edge, kind, trie_index, at_depth, extra_tool = hop_first + i - n_own, MOVE_HOP, hop_trie, 0, tool
+            if not hopping:  # the hop's edges, at another node: their own crossings, this terminal's tool too
+                hopping = True
+                crossing_edge, crossing_times = next_crossing(table, row, emitted, extra_tool, trie_index, 0,
+                                                              n_tools, tool_path_start, tool_path_edges, edge)
         # The count of unused tools below the edge: its compiled count minus the used tools (and, for a hop,
-        # this terminal's tool) whose path crosses it; a used tool crosses at most this one edge of the node,
-        # the one at this depth of its path. Written out here: as a function call per edge it cost 5x the step.
+        # this terminal's tool) whose path crosses it. Edges come in ascending order, so one comparison an edge
+        # tells whether any does: the used tools are looked up a few times a step, not once per edge.
         count = counts[row, edge] if own_counts else edge_tool_count[edge]
-        for j in range(emitted + (1 if extra_tool >= 0 else 0)):
-            used = table[row, USED + j] if j < emitted else extra_tool
-            start = tool_path_start[trie_index * n_tools + used]
-            if (at_depth < tool_path_start[trie_index * n_tools + used + 1] - start
-                    and tool_path_edges[start + at_depth] == edge):
-                count -= 1
+        if edge >= crossing_edge:
+            if edge > crossing_edge:
+                crossing_edge, crossing_times = next_crossing(table, row, emitted, extra_tool, trie_index,
+                                                              at_depth, n_tools, tool_path_start, tool_path_edges,
+                                                              edge)
+            if edge == crossing_edge:
+                count -= crossing_times
         token = edge_token[edge]
         col = full_to_output[token]
         if count > 0 and col >= 0:
