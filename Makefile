@@ -14,9 +14,8 @@ COMPILER_SOURCES := $(wildcard compiler/*.py registry/*.py)
 
 install: $(VENV)/.installed
 
-# torch is installed first and pinned to the CPU wheel: a bare `torch` would pull a multi-GB CUDA build. The
-# Makefile is a prerequisite too: a venv made before a change of the lines below installs again.
-$(VENV)/.installed: pyproject.toml Makefile
+# torch is installed first and pinned to the CPU wheel: a bare `torch` would pull a multi-GB CUDA build.
+$(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "torch==2.13.0"
