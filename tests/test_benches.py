@@ -1,0 +1,43 @@
+"""The benchmarks still run against the library, tiny: ``bench/bench_step.py``'s no-repeat twins call
+``kernels/walk.py``'s move search (a change of its signature once broke the benchmark silently), and
+``bench/bench_decode.py`` drives the engine, the decoder and Hugging Face's generate. Each also checks what it can
+while it runs: the "on" twins must choose the walk's own tokens, and the engine must answer as the full head +
+mask does."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+TOOLTRIE_ARMS = ("tooltrie cpu", "cpu twin, no-repeat on", "cpu twin, no-repeat off", "cpu twin, no-repeat on (A/A)")
+
+
+def _run(script: str, out: Path, *args: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, str(BENCH / script), *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))["results"]
+    return results
+
+
+def test_bench_step_runs_with_the_library(tmp_path):
+    results = _run("bench_step.py", tmp_path / "step.json", "--registries", "catalog", "--ks", "3", "--walks", "2",
+                   "--repeats", "1", "--skip-outlines", "--skip-rebuild")
+    (config,) = results["configs"]
+    for arm in TOOLTRIE_ARMS:
+        assert config["arms"][arm]["status"] == "ok", (arm, config["arms"][arm]["status"])
+    assert config["ratios"]["no-repeat overhead (answer)"] is not None
+
+
+def test_bench_decode_runs_and_the_engine_answers_as_the_full_head(tmp_path):
+    # The default model's architecture with random weights: no download, and the arms must still agree.
+    results = _run("bench_decode.py", tmp_path / "decode.json", "--weights", "random", "--ks", "1", "--repeats", "1",
+                   "--batch1-queries", "1", "--batch1-repeats", "1", "--budget-s", "20")
+    assert [config["batch"] for config in results["configs"]] == [16, 1]
+    for config in results["configs"]:
+        assert config["b_vs_c_mismatches"] == [] and config["b_errors"] == 0, config["batch"]
+        assert config["c_passes_plus_speculated_equal_decision_points"] is True, config["batch"]
