@@ -208,19 +208,16 @@ def best_move(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id:
         hop_first, n_hop = node_edge_start[root], node_edge_start[root + 1] - node_edge_start[root]
     best_value, best_token, best_kind, best_edge = -np.inf, -1, -1, -1
     runner_up, lse_max, lse_sum = -np.inf, -np.inf, 0.0
-    # The next edge a used tool crosses (see next_crossing), looked up again only once this lane is past it.
-    crossing_edge, crossing_times = next_crossing(table, row, emitted, -1, own_trie, depth, n_tools,
-                                                  tool_path_start, tool_path_edges, own_first + lane)
-    hopping = False
+    # The next edge a used tool crosses (see next_crossing; -1: not looked up yet), looked up again only once this
+    # lane is past it.
+    crossing_edge, crossing_times, hopping = -1, 0, False
     for i in range(lane, n_own + n_hop, stride):
         if i < n_own:
             edge, kind, trie_index, at_depth, extra_tool = own_first + i, MOVE_EDGE, own_trie, depth, -1
         else:
             edge, kind, trie_index, at_depth, extra_tool = hop_first + i - n_own, MOVE_HOP, hop_trie, 0, tool
-            if not hopping:  # the hop's edges, at another node: their own crossings, this terminal's tool too
-                hopping = True
-                crossing_edge, crossing_times = next_crossing(table, row, emitted, extra_tool, trie_index, 0,
-                                                              n_tools, tool_path_start, tool_path_edges, edge)
+            if not hopping:  # the hop's edges, at another node: their crossings are looked up afresh
+                crossing_edge, hopping = -1, True
         # The count of unused tools below the edge: its compiled count minus the used tools (and, for a hop,
         # this terminal's tool) whose path crosses it. Edges come in ascending order, so one comparison an edge
         # tells whether any does: the used tools are looked up a few times a step, not once per edge.

@@ -167,3 +167,17 @@ def test_exhaustive_walks_small_registry() -> None:
                 assert matcher.legal_tokens() == sorted(canonical.next_tokens(sequence[:depth]))
                 assert matcher.accept_token(token)
             assert matcher.is_terminated() and matcher.tools() == list(answer)
+
+
+@pytest.mark.parametrize("tokenizer_name", BUNDLED)
+@pytest.mark.parametrize("separator", [*SEPARATORS, " "])  # " ": the next name's first token holds the separator
+def test_a_hop_from_a_name_with_longer_names_below_it_skips_used_tools(tokenizer_name: str, separator: str) -> None:
+    """At a terminal that continues into longer names ("get" below "get_user") and hops to the next tool, the move
+    search scans two nodes in turn: the hop's edges must be checked against the used tools afresh, not with what
+    the continuing edges left behind. Every answer of a small registry, walked many times."""
+    tokenizer = bundled(tokenizer_name)
+    names = ["set", "get", "get_user"]
+    artifact = try_compile(names, tokenizer, separator)
+    assert artifact is not None
+    for k in (2, 3):
+        check_walks(artifact, tokenizer, names, k, separator, seed=k, walks=24)
