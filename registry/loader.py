@@ -10,7 +10,9 @@ Formats, picked by extension and shape:
   inside a JSON-RPC response's ``"result"``;
 - JSONL (``.jsonl``): one ``{"name", "description", ...}`` object per line; extra keys are kept out of the way.
 
-Every error is a :class:`RegistryError` naming the file, the line or index, and the tool.
+Every error is a :class:`RegistryError` naming the file, the line or index, and the tool. A file that cannot be
+read as a list of entries stops at once; problems of single entries (bad names, duplicates, wrong field types) are
+all collected, and reported together as one :class:`RegistryProblems` grouped by cause.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import yaml
 
 from tooltrie.errors import RegistryError
 from tooltrie.registry.model import Registry, Tool
+from tooltrie.registry.problems import Problem, RegistryProblems
 
 _NATIVE_TOP_KEYS = frozenset({"name", "description", "source", "license", "tools"})
 _NATIVE_TOOL_KEYS = frozenset({"name", "description", "pointer", "tags", "examples"})
@@ -34,13 +37,19 @@ _NATIVE_TOOL_KEYS = frozenset({"name", "description", "pointer", "tags", "exampl
 class _Record:
     """One raw tool entry and where it was found."""
 
-    fields: dict[str, Any]
+    fields: Any  # a mapping, for a well-formed entry
     where: str
     strict: bool  # native YAML: unknown keys are errors
+    refused: str | None = None  # why the entry is not a tool at all (then ``fields`` is None)
 
 
-def load_registry(path: str | Path, *, name: str | None = None) -> Registry:
+def load_registry(path: str | Path, *, name: str | None = None, problems: list[Problem] | None = None,
+                  require_descriptions: bool = False) -> Registry:
     """Load and validate a registry file.
+
+    With ``problems`` given, problems of single entries are appended to it and the registry of the entries
+    without any is returned (for a report that adds the compiler's own checks); without it they are raised
+    together as :class:`RegistryProblems`. ``require_descriptions``: an empty description is a problem too.
 
     >>> from tooltrie.registry import CATALOG_PATH
     >>> catalog = load_registry(CATALOG_PATH)
@@ -54,10 +63,12 @@ def load_registry(path: str | Path, *, name: str | None = None) -> Registry:
         raise RegistryError(f"{path}: registry file not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise RegistryError(f"{path}: cannot read the registry: {exc}") from None
-    return parse_registry(text, source=str(path), suffix=path.suffix.lower(), name=name or path.stem)
+    return parse_registry(text, source=str(path), suffix=path.suffix.lower(), name=name or path.stem,
+                          problems=problems, require_descriptions=require_descriptions)
 
 
-def parse_registry(text: str, *, source: str, suffix: str, name: str) -> Registry:
+def parse_registry(text: str, *, source: str, suffix: str, name: str, problems: list[Problem] | None = None,
+                   require_descriptions: bool = False) -> Registry:
     """Parse registry text whose format is given by a file ``suffix`` (``.yaml``, ``.json``, ``.jsonl``)."""
     if suffix in (".yaml", ".yml"):
         records, name = _read_native_yaml(text, source, name)
@@ -67,9 +78,8 @@ def parse_registry(text: str, *, source: str, suffix: str, name: str) -> Registr
         records = list(_read_json(text, source))
     else:
         raise RegistryError(f"{source}: unknown registry format {suffix!r}: expected .yaml, .yml, .json or .jsonl")
-    tools = tuple(_tool_from_record(record, registry_name=name) for record in records)
-    _check_registry(tools, source)
-    return Registry(name=name, tools=tools, source=source)
+    return _registry_from_records(records, name=name, source=source, problems=problems,
+                                  require_descriptions=require_descriptions)
 
 
 def make_registry(entries: list[dict[str, Any]], *, name: str, source: str = "<inline>") -> Registry:
@@ -78,11 +88,29 @@ def make_registry(entries: list[dict[str, Any]], *, name: str, source: str = "<i
     >>> make_registry([{"name": "get_weather"}, {"name": "get_user"}], name="demo").names
     ['get_weather', 'get_user']
     """
-    records = [_Record(fields=_as_mapping(entry, f"{source} (tools[{i}])"), where=f"{source} (tools[{i}])",
-                       strict=True) for i, entry in enumerate(entries)]
-    tools = tuple(_tool_from_record(record, registry_name=name) for record in records)
-    _check_registry(tools, source)
-    return Registry(name=name, tools=tools, source=source)
+    records = [_Record(fields=entry, where=f"{source} (tools[{i}])", strict=True) for i, entry in enumerate(entries)]
+    return _registry_from_records(records, name=name, source=source)
+
+
+def _registry_from_records(records: list[_Record], *, name: str, source: str, problems: list[Problem] | None = None,
+                           require_descriptions: bool = False) -> Registry:
+    found: list[Problem] = []
+    tools = [tool for record in records
+             if (tool := _tool_from_record(record, registry_name=name, problems=found)) is not None]
+    if not records:
+        raise RegistryError(f"{source}: the registry has no tools")
+    tools = _drop_duplicates(tools, found)
+    if require_descriptions:
+        found += [Problem("empty_description", tool.where, tool.name, "tool has no description")
+                  for tool in tools if not tool.description.strip()]
+    if problems is None:
+        if found:
+            raise RegistryProblems(found, source=source)
+    else:
+        problems += found
+        bad = {problem.where for problem in found}
+        tools = [tool for tool in tools if tool.where not in bad]
+    return Registry(name=name, tools=tuple(tools), source=source)
 
 
 def _read_native_yaml(text: str, source: str, name: str) -> tuple[list[_Record], str]:
@@ -107,11 +135,8 @@ def _read_native_yaml(text: str, source: str, name: str) -> tuple[list[_Record],
     if not isinstance(tools, list):
         raise RegistryError(f"{source}: 'tools' must be a list of tools, got {_kind(tools)}")
     tool_nodes = next(value for key, value in root.value if key.value == "tools").value  # type: ignore[union-attr]
-    records = [
-        _Record(fields=_as_mapping(raw, f"{source}:{node.start_mark.line + 1} (tools[{i}])"),
-                where=f"{source}:{node.start_mark.line + 1} (tools[{i}])", strict=True)
-        for i, (raw, node) in enumerate(zip(tools, tool_nodes, strict=True))
-    ]
+    records = [_Record(fields=raw, where=f"{source}:{node.start_mark.line + 1} (tools[{i}])", strict=True)
+               for i, (raw, node) in enumerate(zip(tools, tool_nodes, strict=True))]
     declared = data.get("name", name)
     if not isinstance(declared, str) or not declared:
         raise RegistryError(f"{source}: 'name' must be a non-empty string, got {declared!r}")
@@ -155,7 +180,7 @@ def _read_jsonl(text: str, source: str) -> Iterator[_Record]:
             raw = json.loads(line)
         except json.JSONDecodeError as exc:
             raise RegistryError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from None
-        yield _Record(fields=_as_mapping(raw, where), where=where, strict=False)
+        yield _Record(fields=raw, where=where, strict=False)
 
 
 def _read_json(text: str, source: str) -> Iterator[_Record]:
@@ -172,71 +197,95 @@ def _read_json(text: str, source: str) -> Iterator[_Record]:
             f"{source}: expected an OpenAI tools list or an MCP tools/list result ({{\"tools\": [...]}}), "
             f"got {_kind(data)}"
         )
-    for i, raw in enumerate(data):
+    for i, entry in enumerate(data):
         where = f"{source} (tools[{i}])"
-        entry = _as_mapping(raw, where)
-        if "function" in entry or "type" in entry:  # OpenAI: {"type": "function", "function": {...}}
+        if isinstance(entry, dict) and ("function" in entry or "type" in entry):  # OpenAI: {"type": "function", ...}
             if entry.get("type") != "function":
-                raise RegistryError(f"{where}: OpenAI tool type must be 'function', got {entry.get('type')!r}")
-            entry = _as_mapping(entry.get("function"), f"{where}.function")
+                yield _Record(fields=None, where=where, strict=False,
+                              refused=f"OpenAI tool type must be 'function', got {entry.get('type')!r}")
+                continue
+            if not isinstance(entry.get("function"), dict):
+                yield _Record(fields=None, where=f"{where}.function", strict=False,
+                              refused=f"expected a mapping (an object), got {_kind(entry.get('function'))}")
+                continue
+            entry = entry["function"]
         yield _Record(fields=entry, where=where, strict=False)
 
 
-def _tool_from_record(record: _Record, *, registry_name: str) -> Tool:
-    fields, where = record.fields, record.where
+def _tool_from_record(record: _Record, *, registry_name: str, problems: list[Problem]) -> Tool | None:
+    """The tool of one entry, or None with the entry's problems appended to ``problems``."""
+    where = record.where
+    if record.refused is not None or not isinstance(record.fields, dict):
+        detail = record.refused or f"expected a mapping (an object), got {_kind(record.fields)}"
+        problems.append(Problem("entry", where, None, detail))
+        return None
+    fields = record.fields
     name = fields.get("name")
     if not isinstance(name, str):
-        raise RegistryError(f"{where}: tool name must be a string, got {_kind(name)}")
-    where = f"{where} {name!r}"
+        problems.append(Problem("entry", where, None, f"tool name must be a string, got {_kind(name)}"))
+        return None
+    found: list[Problem] = []
+
+    def problem(cause: str, detail: str) -> None:
+        found.append(Problem(cause, where, name, detail))
+
     if not name.strip():
-        raise RegistryError(f"{where}: tool name is empty")
-    if name != name.strip():
-        raise RegistryError(f"{where}: tool name has leading or trailing whitespace")
+        problem("empty_name", "tool name is empty")
+    elif name != name.strip():
+        problem("whitespace", "tool name has leading or trailing whitespace")
     if len((name + "x").splitlines()) > 1:  # \n, \r, U+2028, U+0085, ...
-        raise RegistryError(f"{where}: tool name contains a newline or another line break")
+        problem("line_break", "tool name contains a newline or another line break")
     if record.strict:
         unknown = sorted(set(map(str, fields)) - _NATIVE_TOOL_KEYS)
         if unknown:
-            raise RegistryError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(_NATIVE_TOOL_KEYS)}")
+            problem("entry", f"unknown key(s) {unknown}; allowed: {sorted(_NATIVE_TOOL_KEYS)}")
     description = fields.get("description", "")
     if description is None:
         description = ""
     if not isinstance(description, str):
-        raise RegistryError(f"{where}: description must be a string, got {_kind(description)}")
+        problem("entry", f"description must be a string, got {_kind(description)}")
     pointer = fields.get("pointer", f"{registry_name}/{name}")
     if not isinstance(pointer, str) or not pointer.strip():
-        raise RegistryError(f"{where}: pointer must be a non-empty string, got {pointer!r}")
+        problem("entry", f"pointer must be a non-empty string, got {pointer!r}")
     for field_name in ("name", "description", "pointer", "tags", "examples"):
         for text in _texts(fields.get(field_name)):
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError:
-                raise RegistryError(f"{where}: {field_name} is not valid Unicode (a lone surrogate?)") from None
-    return Tool(
-        name=name,
-        description=description,
-        pointer=pointer,
-        tags=_string_list(fields.get("tags"), f"{where}: tags"),
-        examples=_string_list(fields.get("examples"), f"{where}: examples"),
-        where=where,
-    )
+                problem("entry", f"{field_name} is not valid Unicode (a lone surrogate?)")
+                break
+    lists = {}
+    for field_name in ("tags", "examples"):
+        try:
+            lists[field_name] = _string_list(fields.get(field_name), field_name)
+        except ValueError as exc:
+            problem("entry", str(exc))
+    if found:
+        problems += found
+        return None
+    return Tool(name=name, description=description, pointer=pointer, tags=lists["tags"], examples=lists["examples"],
+                where=f"{where} {name!r}")
 
 
-def _check_registry(tools: tuple[Tool, ...], source: str) -> None:
-    if not tools:
-        raise RegistryError(f"{source}: the registry has no tools")
+def _drop_duplicates(tools: list[Tool], problems: list[Problem]) -> list[Tool]:
+    """The tools whose name is not taken by an earlier one; each later one is a problem."""
     first_seen: dict[str, Tool] = {}
+    kept = []
     for tool in tools:
         earlier = first_seen.setdefault(tool.name, tool)
-        if earlier is not tool:
-            raise RegistryError(f"{tool.where}: duplicate tool name, first defined at {earlier.where}")
+        if earlier is tool:
+            kept.append(tool)
+        else:
+            problems.append(Problem.of(tool, "duplicate_name",
+                                       f"duplicate tool name, first defined at {earlier.where}"))
+    return kept
 
 
 def _string_list(value: Any, what: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise RegistryError(f"{what} must be a list of strings, got {value!r:.80}")
+        raise ValueError(f"{what} must be a list of strings, got {value!r:.80}")
     return tuple(value)
 
 
@@ -244,12 +293,6 @@ def _texts(value: Any) -> list[str]:
     if isinstance(value, str):
         return [value]
     return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
-
-
-def _as_mapping(value: Any, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise RegistryError(f"{where}: expected a mapping (an object), got {_kind(value)}")
-    return value
 
 
 def _kind(value: Any) -> str:
