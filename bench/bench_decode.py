@@ -72,7 +72,8 @@ from tooltrie.kernels.rules import Slot, advance, legal_moves
 from tooltrie.kernels.state import DONE, RUNNING, BatchState
 from tooltrie.registry import CATALOG_PATH, load_registry
 from tooltrie.serve.engine import Engine, Request
-from tooltrie.serve.model import DEFAULT_TOKENIZER, load_model, random_default_model
+from tooltrie.serve.model import DEFAULT_TOKENIZER, load_model
+from tooltrie.testing import random_default_model
 
 QUERIES = (
     "What's the weather in Paris tomorrow?",

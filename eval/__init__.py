@@ -1,1 +1,9 @@
-"""Evaluation: the harness that scores a model and an artifact through the contract (not built yet)."""
+"""Evaluation: score a model and an artifact on labelled queries through the contract, per arm.
+
+- ``datasets``: the bundled labelled sets (MetaTool, BFCL) with fixed splits, and user JSONL files;
+- ``backends``: the arms: the engine, the transformers logits processor, unconstrained generation, an XGrammar
+  grammar, retrieval (``tooltrie.retrieval``) and vLLM;
+- ``harness``, ``scoring``: the run over a split and its scores (exact set, top-1, validity);
+- ``report``: ``results.json``, ``report.md`` and plots;
+- ``cli``: ``tooltrie eval`` and ``tooltrie grammar``.
+"""

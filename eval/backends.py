@@ -215,7 +215,7 @@ class RetrievalArm(Arm):
 
     @functools.cached_property
     def retriever(self) -> Any:
-        from tooltrie.eval.retrieval import EmbeddingRetriever
+        from tooltrie.retrieval import EmbeddingRetriever
 
         return EmbeddingRetriever(self.setup.artifact.registry)
 

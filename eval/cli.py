@@ -1,9 +1,8 @@
-"""The ``tooltrie`` subcommands of evaluation and training data: ``gen-data``, ``eval`` and ``grammar``."""
+"""The ``tooltrie`` subcommands of evaluation: ``eval`` and ``grammar``."""
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from pathlib import Path
@@ -16,24 +15,6 @@ DEFAULT_EVAL_ARMS = "engine,hf,unconstrained,xgrammar"
 
 def add_commands(commands: Any) -> None:
     """Register the subcommands on ``tooltrie``'s subparsers."""
-    gen = commands.add_parser("gen-data", help="regenerate training data from a registry and labelled queries")
-    gen.add_argument("--registry", type=Path, default=None, help="registry file (default: the bundled catalog)")
-    gen.add_argument("--artifact", type=Path, default=None,
-                     help="compiled artifact of that registry (default: compiled, through the cache)")
-    gen.add_argument("--tokenizer", default=None, help="tokenizer (default: the artifact's, else smollm2-135m)")
-    gen.add_argument("--queries", action="append", default=None,
-                     help=f"a bundled set ({', '.join(BUNDLED)}) or a JSONL file of {{query, tools}}; repeatable "
-                          "(default: the catalog's two MetaTool sets, or bfcl for the BFCL registry)")
-    gen.add_argument("--exclude", action="append", type=Path, default=[],
-                     help="a JSONL file whose queries must never be trained on (bundled test splits always are)")
-    gen.add_argument("--prompt-style", default="short", help="prompt style: short (default) or catalog")
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--validation-fraction", type=float, default=0.05, help="of a user file (default 0.05)")
-    gen.add_argument("--no-descriptions", dest="descriptions", action="store_false",
-                     help="leave out the tool descriptions as training queries")
-    gen.add_argument("-o", "--output", type=Path, required=True, help="directory to write (replaced atomically)")
-    gen.set_defaults(run=_gen_data)
-
     ev = commands.add_parser("eval", help="score a model and an artifact on labelled queries, per arm")
     ev.add_argument("--dataset", default="metatool-single",
                     help="NAME[:SPLIT] of a bundled set (default split: test) or a JSONL file of {query, tools}")
@@ -64,7 +45,7 @@ def add_commands(commands: Any) -> None:
     grammar.set_defaults(run=_grammar)
 
 
-def _registry_and_artifact(registry_path: Path | None, artifact_path: Path | None, tokenizer_source: str | None,
+def registry_and_artifact(registry_path: Path | None, artifact_path: Path | None, tokenizer_source: str | None,
                            default_registry: Path) -> tuple[Any, Any]:
     from tooltrie.compiler import Artifact, TokenizerInfo, compile_cached
     from tooltrie.registry import load_registry
@@ -77,33 +58,6 @@ def _registry_and_artifact(registry_path: Path | None, artifact_path: Path | Non
         return tokenizer, artifact
     tokenizer = TokenizerInfo.load(tokenizer_source)
     return tokenizer, compile_cached(load_registry(registry_path or default_registry), tokenizer)
-
-
-def _gen_data(args: argparse.Namespace) -> int:
-    from tooltrie.eval.datasets import registry_path
-    from tooltrie.eval.training_data import generate_training_data
-    from tooltrie.registry import CATALOG_PATH
-
-    tokenizer, artifact = _registry_and_artifact(args.registry, args.artifact, args.tokenizer, CATALOG_PATH)
-    queries = args.queries
-    if queries is None:  # the bundled sets labelled over this registry, if it is a bundled one
-        queries = [name for name in BUNDLED if _sha(registry_path(name)) == artifact.registry.sha256]
-    meta = generate_training_data(args.output, artifact=artifact, tokenizer=tokenizer, queries=queries,
-                                  prompt_style=args.prompt_style, seed=args.seed,
-                                  validation_fraction=args.validation_fraction, descriptions=args.descriptions,
-                                  exclude=args.exclude)
-    counts = meta["counts"]
-    print(f"{args.output}: {counts['train']} train, {counts['validation']} validation records "
-          f"({counts['dropped_held_out']} held-out texts dropped); registry {meta['registry']['name']}, "
-          f"prompt {meta['prompt']['style']}", file=sys.stderr)
-    return 0
-
-
-@functools.cache
-def _sha(path: Path) -> str:
-    from tooltrie.registry import load_registry
-
-    return load_registry(path).sha256
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -126,7 +80,7 @@ def _eval(args: argparse.Namespace) -> int:
     if args.sample is not None and args.sample < len(queries):
         queries = [queries[i * len(queries) // args.sample] for i in range(args.sample)]
     model, info = load_model(args.model, adapter=not args.base, dtype=serving_dtype(args.dtype))
-    tokenizer, artifact = _registry_and_artifact(
+    tokenizer, artifact = registry_and_artifact(
         args.registry, args.artifact, args.tokenizer or info.tokenizer,
         registry_path(name) if bundled else CATALOG_PATH)
     mismatch = training_mismatch(info, artifact)

@@ -15,7 +15,7 @@ True
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Set
 
 from tooltrie.errors import RegistryError
 from tooltrie.registry.model import Registry
@@ -32,17 +32,27 @@ def select_tools(registry: Registry, allow: Iterable[str] | None = None, deny: I
     return None if len(allowed) == len(registry) else allowed
 
 
-def _resolve(registry: Registry, entries: Iterable[str], field: str, where: str) -> frozenset[int]:
-    by_name, by_tag = registry.by_name, registry.by_tag
+def resolve_entries(entries: Iterable[object], by_name: Mapping[str, int], by_tag: Mapping[str, Set[int]],
+                    *, refuse: Callable[[object], Exception]) -> frozenset[int]:
+    """The tool indices ``entries`` name: a tool's name, or a tag (every tool carrying it in ``by_tag``); a name wins
+    when a string is both. ``refuse(entry)`` is raised for an entry that is not a string, or neither a name nor a
+    tag. Also what a tenant's view resolves requests with (``tooltrie.serve.access``)."""
     chosen: set[int] = set()
     for entry in entries:
-        if not isinstance(entry, str):
-            raise RegistryError(f"{where}: {field} entries are tool names or tags (strings), got {entry!r}")
-        if entry in by_name:
+        if isinstance(entry, str) and entry in by_name:
             chosen.add(by_name[entry])
-        elif entry in by_tag:
+        elif isinstance(entry, str) and entry in by_tag:
             chosen |= by_tag[entry]
         else:
-            raise RegistryError(f"{where}: {field} names {entry!r}, which is neither a tool nor a tag of "
-                                f"registry {registry.name!r}")
+            raise refuse(entry)
     return frozenset(chosen)
+
+
+def _resolve(registry: Registry, entries: Iterable[str], field: str, where: str) -> frozenset[int]:
+    def refuse(entry: object) -> RegistryError:
+        if not isinstance(entry, str):
+            return RegistryError(f"{where}: {field} entries are tool names or tags (strings), got {entry!r}")
+        return RegistryError(f"{where}: {field} names {entry!r}, which is neither a tool nor a tag of "
+                             f"registry {registry.name!r}")
+
+    return resolve_entries(entries, registry.by_name, registry.by_tag, refuse=refuse)

@@ -1,3 +1,4 @@
-"""Serving: the default language model (``model``), the decoding engine (``engine``), a transformers logits
-processor (``hf``), and the HTTP/MCP discovery endpoint (``server``: a ``service`` whose ``worker`` thread drives
-the engines; ``mcp_tools``, ``schema``, ``limits``, ``errors``, ``metrics``)."""
+"""Serving: the default language model (``model``) with its LoRA adapter merged (``adapter``), the decoding engine
+(``engine``), a transformers logits processor (``hf``), the retrieval pre-filter (``prefilter``, over
+``tooltrie.retrieval``), and the HTTP/MCP discovery endpoint (``server``: a ``service`` whose ``worker`` thread
+drives the engines; ``access``, ``policy``, ``mcp_tools``, ``schema``, ``limits``, ``errors``, ``metrics``)."""

@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tooltrie.registry import Registry
-from tooltrie.registry.subsets import select_tools
+from tooltrie.registry.subsets import resolve_entries, select_tools
 from tooltrie.serve.errors import InvalidRequestError
 from tooltrie.serve.policy import Grant
 
@@ -68,14 +68,9 @@ class ToolView:
         return allowed
 
     def _resolve(self, entries: Sequence[str], field: str) -> frozenset[int]:
-        chosen: set[int] = set()
-        for entry in entries:
-            if entry in self.by_name:  # a name wins over a tag of the same spelling, as in registry.subsets
-                chosen.add(self.by_name[entry])
-            elif entry in self.by_tag:
-                chosen |= self.by_tag[entry]
-            else:
-                scope = "you may use in" if self.restricted else "of"
-                raise InvalidRequestError(f"{field} names {entry[:80]!r}, which is neither a tool nor a tag {scope} "
-                                          f"registry {self.registry.name!r}")
-        return frozenset(chosen)
+        def refuse(entry: object) -> InvalidRequestError:
+            scope = "you may use in" if self.restricted else "of"
+            return InvalidRequestError(f"{field} names {str(entry)[:80]!r}, which is neither a tool nor a tag {scope} "
+                                       f"registry {self.registry.name!r}")
+
+        return resolve_entries(entries, self.by_name, self.by_tag, refuse=refuse)

@@ -10,7 +10,7 @@ ever fetched from a model hub: every load is ``local_files_only``.
 The model's tokenizer is the bundled ``smollm2-135m`` (``tooltrie.compiler.TokenizerInfo.load("smollm2-135m")``);
 the conversion checks that its vocabulary matches the model's 49,152 rows.
 
-Adapters (``tooltrie.train.adapter``): ``load_model()`` merges the bundled LoRA adapter (``serve/default_adapter/``,
+Adapters (``tooltrie.serve.adapter``): ``load_model()`` merges the bundled LoRA adapter (``serve/default_adapter/``,
 trained by ``make train`` on the bundled catalog) into the default model's weights when one is shipped, and the
 model then expects the adapter's prompt style ("short"); ``load_model(ADAPTER_DIR)`` loads the base an adapter
 records and merges it; ``adapter=False`` gives the base alone. An adapter is merged only into the base it was trained
@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from tooltrie.compiler import provenance
 from tooltrie.errors import ModelError
-from tooltrie.train.adapter import AdapterError, AdapterRecord, is_adapter_dir, merge_adapter, read_adapter
+from tooltrie.serve.adapter import AdapterError, AdapterRecord, is_adapter_dir, merge_adapter, read_adapter
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -59,7 +60,6 @@ __all__ = [
     "locate_default_model",
     "model_fingerprint",
     "serving_dtype",
-    "tiny_llama",
     "training_mismatch",
 ]
 
@@ -220,20 +220,10 @@ def training_mismatch(info: ModelInfo, artifact: Artifact) -> str | None:
     record = info.adapter
     if record is None:
         return None
-    registry = artifact.registry
-    differences = []
-    if record.registry_sha256 != registry.sha256:
-        differences.append(f"registry {registry.name!r} (sha256 {registry.sha256[:12]}) is not the "
-                           f"{record.registry_name!r} it was trained on (sha256 {record.registry_sha256[:12]})")
-    if record.tokenizer_fingerprint != artifact.tokenizer_fingerprint:
-        differences.append(f"tokenizer fingerprint {artifact.tokenizer_fingerprint[:12]} is not the one trained on "
-                           f"({record.tokenizer_fingerprint[:12]})")
-    if record.contract_sha256 != artifact.contract.sha256:
-        differences.append(f"contract {artifact.contract.to_dict()} (sha256 {artifact.contract.sha256[:12]}) is "
-                           f"not the one trained on (sha256 {record.contract_sha256[:12]})")
+    differences = provenance.differences(record, artifact, made="trained on")
     if not differences:
         return None
-    where = registry.source or "REGISTRY_FILE"
+    where = artifact.registry.source or "REGISTRY_FILE"
     return (f"the model was not trained on these tools ({record.path}: {'; '.join(differences)}). Its answers are "
             f"still valid tools of this registry, but chosen by a model that does not know them; "
             f"`make train REGISTRY={where}` fixes it (then pass its adapter with --model), or --base answers with "
@@ -342,55 +332,7 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def tiny_llama(
-    tokenizer_vocab: int = DEFAULT_VOCAB_SIZE,
-    seed: int = 0,
-    *,
-    eos_token_id: int | None = 2,
-    dtype: torch.dtype = torch.float32,
-) -> PreTrainedModel:
-    """A tiny randomly initialised ``LlamaForCausalLM`` (hidden 64, 2 layers, 4 heads of 16, 2 key-value heads,
-    embeddings tied like SmolLM2's) with a real vocabulary size, for tests of other components.
-
-    The same ``seed`` gives the same weights; the caller's random state is left as it was. ``eos_token_id`` defaults
-    to SmolLM2's ``<|im_end|>`` (2).
-    """
-    return _random_llama(
-        seed, dtype, vocab_size=tokenizer_vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048, rms_norm_eps=1e-5,
-        rope_parameters={"rope_type": "default", "rope_theta": 100_000.0},
-        initializer_range=0.2,  # logits of order one, so greedy choices are clear-cut even in float16
-        tie_word_embeddings=True, bos_token_id=None, eos_token_id=eos_token_id, pad_token_id=eos_token_id)
-
-
-# The default model's architecture: the converted SmolLM2-135M-Instruct's config.json, less its weights' provenance
-# (tests/test_serve_model.py checks it against the installed default).
-DEFAULT_ARCHITECTURE: dict[str, Any] = {
-    "vocab_size": DEFAULT_VOCAB_SIZE, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
-    "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "max_position_embeddings": 8192,
-    "rms_norm_eps": 1e-5, "rope_parameters": {"rope_type": "default", "rope_theta": 100_000.0},
-    "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
-
-
-def random_default_model(seed: int = 0, *, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """The default model's architecture with random weights: what the benchmarks time (``--weights random``) where
-    the real weights cannot be had, as on a GPU machine with no network. Its answers mean nothing; a token costs
-    what it costs the default model."""
-    return _random_llama(seed, dtype, **DEFAULT_ARCHITECTURE)
-
-
 # --- internals -------------------------------------------------------------------------------------------------
-
-
-def _random_llama(seed: int, dtype: torch.dtype, **config: Any) -> PreTrainedModel:
-    """A randomly initialised ``LlamaForCausalLM``; the same seed gives the same weights, the caller's random state
-    is left as it was."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model: Any = LlamaForCausalLM(LlamaConfig(**config))
-    return cast("PreTrainedModel", model.to(dtype).eval())
 
 
 def _default_target(cache_dir: str | Path | None) -> Path:

@@ -5,7 +5,7 @@ constraint still behind: the answer is k distinct tools of those N, never anythi
 N comes from the request (``"prefilter": N``) or from the registry's setting (``tooltrie serve --prefilter
 [REGISTRY=]N``), which is both the default and the most a request may ask for. Anything with
 ``rank_indices(query, k) -> list[int]`` (tool ids, best first) ranks; ``tooltrie serve`` uses
-``tooltrie.eval.retrieval.EmbeddingRetriever`` (all-MiniLM-L6-v2, offline) when its model package is installed.
+``tooltrie.retrieval.EmbeddingRetriever`` (all-MiniLM-L6-v2, offline) when its model package is installed.
 A ranker is built per registry version on first use (it embeds every tool once) and replaced after a reload.
 
 >>> from tooltrie.registry import make_registry
@@ -116,10 +116,10 @@ class Prefilter:
 
 
 def embedding_rankers() -> tuple[RankerFactory | None, str]:
-    """all-MiniLM-L6-v2 rankers (``tooltrie.eval.retrieval``), one encoder shared by every registry; or None and
+    """all-MiniLM-L6-v2 rankers (``tooltrie.retrieval``), one encoder shared by every registry; or None and
     why not. Nothing is loaded until a registry's first pre-filtered request."""
     try:
-        from tooltrie.eval.retrieval import MINILM_REQUIREMENT, EmbeddingRetriever, SentenceEncoder, locate_minilm
+        from tooltrie.retrieval import MINILM_REQUIREMENT, EmbeddingRetriever, SentenceEncoder, locate_minilm
     except ImportError as exc:
         return None, f"the embedding retriever cannot be imported ({exc})"
     if locate_minilm() is None:

@@ -11,21 +11,13 @@ from typing import Any
 
 import pytest
 import torch
-from serve_fixtures import SMALL_NAMES, small_artifact, tiny_model
+from support.serve import SMALL_NAMES, small_artifact, tiny_model
 
 import tooltrie.serve.model as model_mod
 from tooltrie.cli import main
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
 from tooltrie.registry import CATALOG_PATH, load_registry, make_registry
-from tooltrie.serve.model import (
-    DEFAULT_MODEL_NAME,
-    bundled_adapter,
-    load_model,
-    model_fingerprint,
-    tiny_llama,
-    training_mismatch,
-)
-from tooltrie.train.adapter import (
+from tooltrie.serve.adapter import (
     ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
     RECORD_FILE,
@@ -35,6 +27,14 @@ from tooltrie.train.adapter import (
     read_adapter,
     write_adapter,
 )
+from tooltrie.serve.model import (
+    DEFAULT_MODEL_NAME,
+    bundled_adapter,
+    load_model,
+    model_fingerprint,
+    training_mismatch,
+)
+from tooltrie.testing import tiny_llama
 from tooltrie.train.lora import attach_lora, lora_tensors
 from tooltrie.train.settings import LoraSettings
 

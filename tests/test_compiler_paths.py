@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from trie_helpers import trie_ids, walk
+from support.trie import trie_ids, walk
 
 from tooltrie.compiler import Artifact, Contract, TokenizerInfo, compile_registry
 from tooltrie.compiler.trie import (

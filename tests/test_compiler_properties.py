@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from trie_helpers import trie_ids, walk
+from support.trie import trie_ids, walk
 
 from tooltrie.compiler import Artifact, Contract, TokenizerInfo, compile_registry
 from tooltrie.compiler.trie import DuplicatePathError, build_trie, phase_of

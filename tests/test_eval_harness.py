@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serve_fixtures import tiny_model
+from support.serve import tiny_model
 
 from tooltrie.cli import main
 from tooltrie.compiler import Artifact, TokenizerInfo

@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serve_fixtures import tiny_model, whole_prompt_ids
+from support.serve import tiny_model, whole_prompt_ids
 
 from tooltrie.cli import main
 from tooltrie.compiler import Artifact, TokenizerInfo
 from tooltrie.eval.datasets import DatasetError, LabelledQuery, load_split
-from tooltrie.eval.training_data import RECORD_KEYS, RecordMaker, generate_training_data
 from tooltrie.kernels import TrieMatcher
 from tooltrie.serve.engine import Engine, Request
 from tooltrie.serve.prompt import Prompt
+from tooltrie.train.training_data import RECORD_KEYS, RecordMaker, generate_training_data
 
 REPO = Path(__file__).resolve().parents[1]
 USER_QUERIES = [

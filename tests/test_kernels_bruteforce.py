@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
-from kernel_fixtures import (
+from support.kernels import (
     BACKENDS,
     BUNDLED,
     NAME_ALPHABET,

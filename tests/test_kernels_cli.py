@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from kernel_fixtures import bundled
+from support.kernels import bundled
 
 from tooltrie.cli import main
 from tooltrie.compiler import Artifact

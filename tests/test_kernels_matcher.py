@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_fixtures import bundled, compile_names
+from support.kernels import bundled, compile_names
 
 from tooltrie.compiler import Artifact
 from tooltrie.kernels import TrieMatcher, allocate_token_bitmask, apply_token_bitmask_inplace, get_bitmask_shape

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_fixtures import (
+from support.kernels import (
     BACKENDS,
     BUNDLED,
     NAME_ALPHABET,
@@ -551,7 +551,7 @@ state, logits = BatchState.start(artifact, [1]), np.zeros((1, 10), np.float32)
 }
 MISFIT_RUN = """
 import numpy as np
-from kernel_fixtures import bundled, compile_names
+from support.kernels import bundled, compile_names
 from tooltrie.kernels import BatchState, VocabMap, step
 artifact = compile_names(["get", "get_user", "set", "a"], bundled("gpt2"))
 width = {width}

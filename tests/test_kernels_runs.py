@@ -8,7 +8,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from serve_fixtures import small_artifact
+from support.serve import small_artifact
 
 from tooltrie.compiler import Artifact, TokenizerInfo
 from tooltrie.kernels.rules import Slot, advance, legal_moves, runs_to_next_choice

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kernel_fixtures import NAME_ALPHABET, SequenceSet, bundled, try_compile
+from support.kernels import NAME_ALPHABET, SequenceSet, bundled, try_compile
 
 from tooltrie.compiler import Artifact, Contract
 from tooltrie.errors import DecodeError

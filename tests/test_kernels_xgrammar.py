@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kernel_fixtures import SequenceSet, bundled, bundled_tokenizer_json, compile_names
+from support.kernels import SequenceSet, bundled, bundled_tokenizer_json, compile_names
 
 from tooltrie.compiler import Artifact, Contract, TokenizerInfo
 from tooltrie.compiler.ebnf import exactly_k_ebnf

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import tooltrie.eval.retrieval as retrieval
-from tooltrie.eval.retrieval import EmbeddingRetriever, RetrievalError, SentenceEncoder, locate_minilm, tool_text
+import tooltrie.retrieval as retrieval
 from tooltrie.registry import CATALOG_PATH, load_registry, make_registry
+from tooltrie.retrieval import EmbeddingRetriever, RetrievalError, SentenceEncoder, locate_minilm, tool_text
 
 WORDS = ("weather", "forecast", "rain", "news", "flight", "book", "a", "hotel", "paris", "today", "the", "in", "for",
          "get", "search", "web", "user", "users", ":", "?", "find")

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tooltrie.errors import ModelError
 from tooltrie.serve import decoder as decoder_module
 from tooltrie.serve.decoder import SharedPrefixDecoder
-from tooltrie.serve.model import tiny_llama
+from tooltrie.testing import tiny_llama
 
 VOCAB = 500
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]

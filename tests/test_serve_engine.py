@@ -1,7 +1,7 @@
 """The decoding engine (tooltrie.serve.engine) with a real model: the tiny random Llama that has SmolLM2's vocabulary,
 the bundled SmolLM2 tokenizer, the 47-tool catalog and a small registry whose names are token-prefixes of each other.
 
-Everything is checked against oracles that share none of the engine's shortcuts (``serve_fixtures``): the model's
+Everything is checked against oracles that share none of the engine's shortcuts (``support.serve``): the model's
 full forward pass over the whole prompt, with the full head, and the NumPy reference decoder or a plain argmax.
 Every decision the tiny model makes in these fixtures leads its runner-up by far more than float32 rounding
 (asserted, so a near-tie would show up as such rather than as a disagreement).
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from serve_fixtures import (
+from support.serve import (
     SMALL_NAMES,
     Trace,
     greedy_check,
@@ -547,7 +547,7 @@ def test_artifact_for_another_tokenizer_is_refused(model: Any, smollm: Tokenizer
 
 
 def test_a_model_head_too_small_for_the_grammar_is_refused(smollm: TokenizerInfo) -> None:
-    from tooltrie.serve.model import tiny_llama
+    from tooltrie.testing import tiny_llama
 
     artifact = small_artifact(smollm)
     with pytest.raises(ValueError, match="head has 1000 rows"):

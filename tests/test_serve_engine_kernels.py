@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 from numba import config, cuda
-from serve_fixtures import small_artifact, tiny_model
+from support.serve import small_artifact, tiny_model
 
 from tooltrie.compiler import Artifact, TokenizerInfo
 from tooltrie.serve.engine import Answer, Engine, Request

@@ -1,6 +1,6 @@
 """The Hugging Face integration (tooltrie.serve.hf.TrieLogitsProcessor) under ``model.generate``, with the tiny random
 Llama that has SmolLM2's vocabulary: greedy ``generate`` under the processor gives the engine's answers token for
-token, and the reference decoder's on the full head (see ``serve_fixtures``).
+token, and the reference decoder's on the full head (see ``support.serve``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from serve_fixtures import prompt_ids, reference_trace, small_artifact, tiny_model
+from support.serve import prompt_ids, reference_trace, small_artifact, tiny_model
 from transformers import LogitsProcessorList
 
 from tooltrie.compiler import Artifact, TokenizerInfo

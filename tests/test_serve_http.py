@@ -14,7 +14,7 @@ are arbitrary but must always be valid); one test asks the real default model. W
 - a failure inside decoding is a 500 for that step's rows only, and the server goes on;
 - ``tooltrie serve`` as a command, in its own process, on a saved model directory.
 
-A gate on the model's forward passes (``serve_http_fixtures.Gate``) holds the worker mid-step, so queues and
+A gate on the model's forward passes (``support.serve_http.Gate``) holds the worker mid-step, so queues and
 disconnects are staged exactly, without sleeps. No network beyond loopback.
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 import pytest
-from serve_http_fixtures import (
+from support.serve_http import (
     PROBE_NAMES,
     Gate,
     Running,
@@ -52,8 +52,8 @@ from serve_http_fixtures import (
 from tooltrie.errors import ModelError
 from tooltrie.registry import CATALOG_PATH
 from tooltrie.serve.limits import ServeLimits
-from tooltrie.serve.model import tiny_llama
 from tooltrie.serve.prompt import Prompt
+from tooltrie.testing import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
 

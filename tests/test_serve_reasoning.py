@@ -13,7 +13,7 @@ from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR
 from tooltrie.errors import DecodeError
 from tooltrie.registry import make_registry
 from tooltrie.serve.engine import Engine, Request
-from tooltrie.serve.model import tiny_llama
+from tooltrie.testing import tiny_llama
 
 NAMES = ["get", "get_user", "search", "search_web", "a"]
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from serve_fixtures import tiny_model
+from support.serve import tiny_model
 
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
 from tooltrie.errors import DecodeError, RegistryError

@@ -42,7 +42,7 @@ import pytest
 import yaml
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from serve_http_fixtures import (
+from support.serve_http import (
     Running,
     catalog,
     catalog_tools,
@@ -59,8 +59,8 @@ from tooltrie.registry import CATALOG_PATH, Registry
 from tooltrie.serve.access import ToolView
 from tooltrie.serve.errors import InvalidRequestError
 from tooltrie.serve.mcp_tools import MCP_PATH, TOOL_NAME
-from tooltrie.serve.model import tiny_llama
 from tooltrie.serve.policy import Grant, Policy, PolicyError, Tenant, check_open_binding
+from tooltrie.testing import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from serve_fixtures import small_artifact
-from train_fixtures import SMALL_LABELLED, make_record, write_training_data
+from support.serve import small_artifact
+from support.train import SMALL_LABELLED, make_record, write_training_data
 
 from tooltrie.compiler import TokenizerInfo, compile_registry
 from tooltrie.kernels.matcher import TrieMatcher
@@ -68,7 +68,7 @@ def test_a_bad_record_is_refused_with_its_line(data_dir: Path, smollm: Tokenizer
 
 def test_data_made_for_another_registry_is_refused(data_dir: Path, smollm: TokenizerInfo) -> None:
     other = compile_registry(make_registry([{"name": "get"}, {"name": "put"}], name="other"), smollm)
-    with pytest.raises(TrainingDataError, match=r"made for registry 'small' .* not 'other' .*make training-data"):
+    with pytest.raises(TrainingDataError, match=r"'other' .* is not the 'small' it was made for .*training-data"):
         load_training_data(data_dir, other)
 
 
@@ -91,7 +91,7 @@ def test_a_bad_meta_file_is_refused(data_dir: Path, smollm: TokenizerInfo, probl
 
 def test_gen_data_output_loads(tmp_path: Path, smollm: TokenizerInfo) -> None:
     """What ``tooltrie gen-data`` writes is what the trainer reads (a user query file, for the small registry)."""
-    training_data = pytest.importorskip("tooltrie.eval.training_data")
+    training_data = pytest.importorskip("tooltrie.train.training_data")
     artifact = small_artifact(smollm)
     queries = tmp_path / "queries.jsonl"
     queries.write_text("".join(json.dumps({"query": q, "tools": list(t)}) + "\n" for q, t in SMALL_LABELLED * 3),

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
-from serve_fixtures import SMALL_NAMES, small_artifact, tiny_model
-from train_fixtures import write_training_data
+from support.serve import SMALL_NAMES, small_artifact, tiny_model
+from support.train import write_training_data
 
 from tooltrie.cli import main
 from tooltrie.compiler import TokenizerInfo
+from tooltrie.serve.adapter import ADAPTER_WEIGHTS_FILE, read_adapter
 from tooltrie.serve.model import model_fingerprint
-from tooltrie.train.adapter import ADAPTER_WEIGHTS_FILE, read_adapter
 from tooltrie.train.data import TrainingData, load_training_data
 from tooltrie.train.settings import LoraSettings, TrainSettings
 from tooltrie.train.trainer import TrainResult, train
@@ -128,7 +128,7 @@ def test_tooltrie_train_writes_an_adapter(data: TrainingData, smollm: TokenizerI
     code = main(["train", str(data.directory), "-o", str(tmp_path / "out2"), "--base-model", str(base),
                  "--tokenizer", "smollm2-135m", "--steps", "2", "--quiet"])  # the catalog: not what the data is for
     assert code == 2
-    assert "made for registry 'small'" in capsys.readouterr().err
+    assert "is not the 'small' it was made for" in capsys.readouterr().err
 
 
 def test_top_layers_adapts_the_last_blocks_only(data: TrainingData, smollm: TokenizerInfo, tmp_path: Path) -> None:

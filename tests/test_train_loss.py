@@ -1,7 +1,7 @@
 """The training losses and validation scores against brute force on the tiny model.
 
 - the batched pass with a shared prefix gives the full model's own logits at every answer position (no cache, every
-  example fed whole: ``serve_fixtures.teacher_forced``);
+  example fed whole: ``support.serve.teacher_forced``);
 - the plain loss is the cross-entropy of those logits; the trie loss the cross-entropy of their legal entries, one
   position at a time;
 - ``constrained_exact`` says whether the reference decoder, step by step, answers exactly the gold tools; and
@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from serve_fixtures import greedy_decode, reference_decode, small_artifact, teacher_forced, tiny_model
-from train_fixtures import SMALL_LABELLED, write_training_data
+from support.serve import greedy_decode, reference_decode, small_artifact, teacher_forced, tiny_model
+from support.train import SMALL_LABELLED, write_training_data
 
 from tooltrie.compiler import TokenizerInfo
 from tooltrie.train.batches import make_batch

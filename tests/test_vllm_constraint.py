@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from serve_fixtures import small_artifact, tiny_model
+from support.serve import small_artifact, tiny_model
 
 from tooltrie.compiler import Artifact, TokenizerInfo
 from tooltrie.eval.constraint import RequestConstraint, mask_rows_

@@ -72,12 +72,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "request may ask); repeat per registry")
     serve_cmd.set_defaults(run=_serve)
 
+    from tooltrie.train.command import add_gen_data_command, add_train_command
+
+    add_gen_data_command(commands)
+
     from tooltrie.eval.cli import add_commands as add_eval_commands
 
-    add_eval_commands(commands)  # gen-data, eval, grammar
-
-    from tooltrie.train.command import add_train_command
-
+    add_eval_commands(commands)  # eval, grammar
     add_train_command(commands)
 
     args = parser.parse_args(argv)

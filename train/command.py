@@ -1,4 +1,5 @@
-"""``tooltrie train``: fine-tune a base model on ``tooltrie gen-data``'s directory and write a LoRA adapter.
+"""``tooltrie gen-data`` (training data regenerated from a registry) and ``tooltrie train`` (fine-tune a base model on
+that directory and write a LoRA adapter).
 
 Imported by ``tooltrie.cli`` at start-up, so only the argument parsing lives at module level; torch, transformers
 and peft are imported when the command runs.
@@ -7,17 +8,40 @@ and peft are imported when the command runs.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from tooltrie.eval.datasets import BUNDLED
 from tooltrie.train.settings import LOSS_NAMES, PRECISION_NAMES, SAMPLING_NAMES, LoraSettings, TrainSettings
 
-__all__ = ["add_train_command", "run_train", "settings_from_args"]
+__all__ = ["add_gen_data_command", "add_train_command", "run_train", "settings_from_args"]
 
 _DEFAULTS = TrainSettings()
 _LORA = LoraSettings()
+
+
+def add_gen_data_command(commands: Any) -> None:
+    """Add ``gen-data`` to the ``tooltrie`` subcommands (an ``argparse`` subparsers object)."""
+    gen = commands.add_parser("gen-data", help="regenerate training data from a registry and labelled queries")
+    gen.add_argument("--registry", type=Path, default=None, help="registry file (default: the bundled catalog)")
+    gen.add_argument("--artifact", type=Path, default=None,
+                     help="compiled artifact of that registry (default: compiled, through the cache)")
+    gen.add_argument("--tokenizer", default=None, help="tokenizer (default: the artifact's, else smollm2-135m)")
+    gen.add_argument("--queries", action="append", default=None,
+                     help=f"a bundled set ({', '.join(BUNDLED)}) or a JSONL file of {{query, tools}}; repeatable "
+                          "(default: the catalog's two MetaTool sets, or bfcl for the BFCL registry)")
+    gen.add_argument("--exclude", action="append", type=Path, default=[],
+                     help="a JSONL file whose queries must never be trained on (bundled test splits always are)")
+    gen.add_argument("--prompt-style", default="short", help="prompt style: short (default) or catalog")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--validation-fraction", type=float, default=0.05, help="of a user file (default 0.05)")
+    gen.add_argument("--no-descriptions", dest="descriptions", action="store_false",
+                     help="leave out the tool descriptions as training queries")
+    gen.add_argument("-o", "--output", type=Path, required=True, help="directory to write (replaced atomically)")
+    gen.set_defaults(run=_gen_data)
 
 
 def add_train_command(commands: Any) -> None:
@@ -100,6 +124,34 @@ def run_train(args: argparse.Namespace) -> int:
           f"validation: loss {summary.get('loss')}, constrained exact {summary.get('constrained_exact')}, "
           f"unconstrained exact {summary.get('unconstrained_exact')}", file=sys.stderr)
     return 0
+
+
+def _gen_data(args: argparse.Namespace) -> int:
+    from tooltrie.eval.cli import registry_and_artifact
+    from tooltrie.eval.datasets import registry_path
+    from tooltrie.registry import CATALOG_PATH
+    from tooltrie.train.training_data import generate_training_data
+
+    tokenizer, artifact = registry_and_artifact(args.registry, args.artifact, args.tokenizer, CATALOG_PATH)
+    queries = args.queries
+    if queries is None:  # the bundled sets labelled over this registry, if it is a bundled one
+        queries = [name for name in BUNDLED if _sha(registry_path(name)) == artifact.registry.sha256]
+    meta = generate_training_data(args.output, artifact=artifact, tokenizer=tokenizer, queries=queries,
+                                  prompt_style=args.prompt_style, seed=args.seed,
+                                  validation_fraction=args.validation_fraction, descriptions=args.descriptions,
+                                  exclude=args.exclude)
+    counts = meta["counts"]
+    print(f"{args.output}: {counts['train']} train, {counts['validation']} validation records "
+          f"({counts['dropped_held_out']} held-out texts dropped); registry {meta['registry']['name']}, "
+          f"prompt {meta['prompt']['style']}", file=sys.stderr)
+    return 0
+
+
+@functools.cache
+def _sha(path: Path) -> str:
+    from tooltrie.registry import load_registry
+
+    return load_registry(path).sha256
 
 
 def _positive(text: str) -> int:

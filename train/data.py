@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tooltrie.compiler import provenance
 from tooltrie.compiler.artifact import Artifact
 from tooltrie.errors import TooltrieError
 from tooltrie.kernels.matcher import TrieMatcher
@@ -101,18 +102,10 @@ def read_meta(directory: str | Path) -> DataMeta:
 
 def check_meta(meta: DataMeta, artifact: Artifact, *, where: str) -> None:
     """The data must have been made for ``artifact``'s registry, tokenizer and contract."""
-    problems = []
-    if meta.registry_sha256 != artifact.registry.sha256:
-        problems.append(f"registry {meta.registry_name!r} (sha256 {meta.registry_sha256[:12]}), not "
-                        f"{artifact.registry.name!r} (sha256 {artifact.registry.sha256[:12]})")
-    if meta.tokenizer_fingerprint != artifact.tokenizer_fingerprint:
-        problems.append(f"tokenizer fingerprint {meta.tokenizer_fingerprint[:12]}, not "
-                        f"{artifact.tokenizer_fingerprint[:12]}")
-    if meta.contract_sha256 != artifact.contract.sha256:
-        problems.append(f"contract sha256 {meta.contract_sha256[:12]}, not {artifact.contract.sha256[:12]}")
+    problems = provenance.differences(meta, artifact, made="made for")
     if problems:
-        raise TrainingDataError(f"{where}: the data was made for {'; '.join(problems)}; regenerate it for this "
-                                "registry (`make training-data REGISTRY=...`)")
+        raise TrainingDataError(f"{where}: the data does not fit this artifact: {'; '.join(problems)}; regenerate "
+                                "it for this registry (`make training-data REGISTRY=...`)")
 
 
 def load_training_data(directory: str | Path, artifact: Artifact) -> TrainingData:

@@ -1,7 +1,7 @@
 """LoRA through peft: attaching trainable low-rank matrices to a model, and taking them out for saving.
 
 peft is needed for training only (the ``train`` extra); loading a trained adapter merges it without peft
-(``tooltrie.train.adapter.merge_adapter``).
+(``tooltrie.serve.adapter.merge_adapter``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tooltrie.compiler.artifact import Artifact
-from tooltrie.train.adapter import write_adapter
+from tooltrie.serve.adapter import write_adapter
 from tooltrie.train.batches import balanced_batches, make_batch, shuffled_batches, stratified_sample
 from tooltrie.train.data import Example, TrainingData
 from tooltrie.train.lora import attach_lora, lora_tensors

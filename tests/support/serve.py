@@ -27,7 +27,7 @@ from tooltrie.kernels import BatchState, step
 from tooltrie.kernels.rules import legal_moves
 from tooltrie.kernels.state import DONE, RUNNING
 from tooltrie.registry import make_registry
-from tooltrie.serve.model import tiny_llama
+from tooltrie.testing import tiny_llama
 
 # Token-prefixes of each other with the SmolLM2 tokenizer: "get" [726] < "get_user" [726, 79, 4093] and
 # "get_users" [726, 79, 13044]; "search" [7916] < "search_web" [7916, 79, 12317]; "a" [81] vs "ab" [369].

@@ -23,12 +23,12 @@ import yaml
 from tooltrie.compiler import TokenizerInfo
 from tooltrie.registry import CATALOG_PATH, Registry, load_registry
 from tooltrie.serve.limits import ServeLimits
-from tooltrie.serve.model import tiny_llama
 from tooltrie.serve.policy import Policy
 from tooltrie.serve.prefilter import Prefilter
 from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.server import create_app
 from tooltrie.serve.service import PROBE_TOOLS, DiscoveryService
+from tooltrie.testing import tiny_llama
 
 PROBE_NAMES = {tool["name"] for tool in PROBE_TOOLS}
 

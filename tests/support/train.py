@@ -15,7 +15,7 @@ from typing import Any
 from tooltrie.compiler import Artifact, TokenizerInfo
 from tooltrie.serve.prompt import Prompt
 
-# Queries for serve_fixtures.SMALL_NAMES ("get", "get_user", "get_users", "search", "search_web", "a", "ab").
+# Queries for support.serve.SMALL_NAMES ("get", "get_user", "get_users", "search", "search_web", "a", "ab").
 SMALL_LABELLED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Who is this user?", ("get_user",)),
     ("List every user", ("get_users",)),

@@ -1,0 +1,10 @@
+"""What the tests share: model and artifact factories, oracles and fixtures, one module per area.
+
+- ``kernels``: registries of random names, compiled on the bundled tokenizers, for the kernel and compiler tests;
+- ``trie``: walking a compiled trie by tool name;
+- ``serve``: the small artifact, the tiny model and the reference decoders the engine is checked against;
+- ``serve_http``: the HTTP and MCP endpoint on a tiny model, with a gate that holds the worker mid-step;
+- ``train``: labelled queries and training-data directories for the small artifact.
+
+Imported as ``support.<module>`` (pytest puts ``tests/`` on the path).
+"""
