@@ -16,7 +16,7 @@ from support.train import write_training_data
 
 from tooltrie.cli import main
 from tooltrie.compiler import TokenizerInfo
-from tooltrie.serve.adapter import ADAPTER_WEIGHTS_FILE, read_adapter
+from tooltrie.serve.adapter import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, read_adapter
 from tooltrie.serve.model import model_fingerprint
 from tooltrie.train.data import TrainingData, load_training_data
 from tooltrie.train.settings import LoraSettings, TrainSettings
@@ -114,7 +114,8 @@ def test_tooltrie_train_writes_an_adapter(data: TrainingData, smollm: TokenizerI
     registry.write_text("name: small\ntools:\n" + "".join(f"  - name: {name}\n" for name in SMALL_NAMES),
                         encoding="utf-8")
     monkeypatch.setenv("TOOLTRIE_CACHE_DIR", str(tmp_path / "cache"))
-    code = main(["train", str(data.directory), "-o", str(tmp_path / "out"), "--base-model", str(base),
+    monkeypatch.chdir(tmp_path)  # the base given relative: the record names it resolved, peft as it was loaded
+    code = main(["train", str(data.directory), "-o", str(tmp_path / "out"), "--base-model", "tiny",
                  "--tokenizer", "smollm2-135m", "--registry", str(registry), "--steps", "2", "--batch-size", "4",
                  "--rank", "2", "--eval-examples", "4", "--quiet"])
     err = capsys.readouterr().err
@@ -123,6 +124,8 @@ def test_tooltrie_train_writes_an_adapter(data: TrainingData, smollm: TokenizerI
     assert "tooltrie train: adapter" in err and "constrained exact" in err
     record = read_adapter(tmp_path / "out")
     assert record.base_model == str(base.resolve()) and record.record["lora"]["rank"] == 2
+    config = json.loads((tmp_path / "out" / ADAPTER_CONFIG_FILE).read_text(encoding="utf-8"))
+    assert config["base_model_name_or_path"] == record.base_model  # as the record names it, not peft's load path
     assert (tmp_path / "out.log.jsonl").is_file()
 
     code = main(["train", str(data.directory), "-o", str(tmp_path / "out2"), "--base-model", str(base),

@@ -79,7 +79,8 @@ def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str,
     seconds = time.perf_counter() - started
     record = _record(data, artifact, settings, base_name=base_name, base_fingerprint=base_fingerprint,
                      loop=loop, seconds=seconds, parameters=sum(t.numel() for t in tensors.values()))
-    write_adapter(out, tensors, config, record)
+    # peft writes the base's load path (a cache folder of the training machine); the record's name says it anywhere.
+    write_adapter(out, tensors, {**config, "base_model_name_or_path": base_name}, record)
     return TrainResult(output=out, record=record, seconds=seconds, validation=loop.last_validation)
 
 
