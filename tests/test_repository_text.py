@@ -1,0 +1,86 @@
+"""Every tracked text file speaks of the software: no talk of how it was developed, no paths of the machine a result
+was produced on.
+
+Process talk: development sessions and issue numbers ("session 3", "issue #8"), helper sessions, engineers by letter,
+"this VM", "this shared machine", "this project's CPU", a "lent machine", "ad hoc, not committed". Hardware is named
+as hardware ("a 2-core Xeon VM", "one H200"). Absolute paths: a home, root, work, tmp or mount folder with a name
+below it ("/home/me/...", "/root/.cache/..."): a committed result or document names files relative to the
+repository. Third-party data (tokenizers, labelled query sets, the BFCL registry) is kept verbatim and not checked.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+THIRD_PARTY = ("compiler/tokenizers/", "eval/data/", "registry/bfcl.jsonl", "registry/licenses/")
+
+# Case-insensitive; written so that this file's own source does not match them.
+PROCESS_TALK = re.compile("|".join((
+    r"\bsessions?[ ]?#?[0-9]+",
+    r"\bissues?[ ]?#[0-9]+|\bissues?[ ][0-9]+",
+    r"\b(helper|development|dev|coding)[ ](sessions?|engineers?|agents?)\b",
+    r"\b(this|previous|earlier|next|later|last)[ ]session\b(?![- ]scoped)",
+    r"\bthis[ ]VM\b",
+    r"\bthis[ ]shared\b",
+    r"\bthis[ ]project'?s[ ](shared[ ])?([0-9]+-core|cpu|xeon|machine|gpu|vm)\b",
+    r"\blent[ ](a[ ]|the[ ])?(gpu[ ]|device[ ])?machines?\b",
+    r"\bad[- ]hoc,[ ]not[ ]committed\b",
+)), re.IGNORECASE)
+ENGINEER = re.compile(r"\bEngineer[ ][A-Z]\b")
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/(home|root|work|tmp|Users|mnt|scratch)/[A-Za-z0-9_.-]+/")
+
+
+def findings(path: Path, *, name: str | None = None) -> list[str]:
+    """``file:line: phrase`` for each line of ``path`` that talks of the process or holds an absolute path."""
+    data = path.read_bytes()
+    if b"\0" in data[:8192]:
+        return []  # binary (weights, images)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return []
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for pattern in (PROCESS_TALK, ENGINEER, ABSOLUTE_PATH):
+            match = pattern.search(line)
+            if match:
+                found.append(f"{name or path}:{number}: {match.group(0)!r}")
+    return found
+
+
+def tracked_files() -> list[str]:
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: no list of tracked files")
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    return [name for name in listed.decode().split("\0") if name and not name.startswith(THIRD_PARTY)]
+
+
+@pytest.mark.parametrize(("text", "caught"), [
+    ("Measured in sess" "ion 3 on the GPU.", True),
+    ("See iss" "ue #8 and iss" "ue 12.", True),
+    ("a lent " "GPU machine", True),
+    ("27 minutes on this " "VM", True),
+    ("ad hoc, " "not committed", True),
+    ("written by a helper " "session", True),
+    ('"path": "/ho' 'me/alice/tooltrie/build/eval/results.json"', True),
+    ("cached in /ro" "ot/.cache/tooltrie/models", True),
+    ("an MCP session, a session-scoped fixture, the issue tracker", False),
+    ("bench/results/eval/tuned-single/report.md (a 2-core Xeon VM, one H200)", False),
+])
+def test_planted_phrases_are_found(tmp_path: Path, text: str, caught: bool) -> None:
+    planted = tmp_path / "planted.md"
+    planted.write_text(f"# Results\n\n{text}\n", encoding="utf-8")
+    assert bool(findings(planted)) == caught, findings(planted)
+
+
+def test_no_tracked_file_talks_of_the_process_or_holds_a_machine_path() -> None:
+    files = tracked_files()
+    assert "README.md" in files
+    found = [line for name in files if (REPO / name).is_file() for line in findings(REPO / name, name=name)]
+    assert not found, f"{len(found)} line(s) to rewrite:\n" + "\n".join(found[:60])
