@@ -1,11 +1,11 @@
 """Every tracked text file speaks of the software: no talk of how it was developed, no paths of the machine a result
 was produced on.
 
-Process talk: development sessions and issue numbers ("session 3", "issue #8"), helper sessions, engineers by letter,
-"this VM", "this shared machine", "this project's CPU", a "lent machine", "ad hoc, not committed". Hardware is named
-as hardware ("a 2-core Xeon VM", "one H200"). Absolute paths: a home, root, work, tmp or mount folder with a name
-below it ("/home/me/...", "/root/.cache/..."): a committed result or document names files relative to the
-repository. Third-party data (tokenizers, labelled query sets, the BFCL registry) is kept verbatim and not checked.
+Process talk (the patterns below; the planted examples show each): numbered development sessions and issues, helper
+sessions, engineers by letter, the development machine named as "this" machine or VM, a lent machine, results
+kept "ad hoc". Hardware is named as hardware ("a 2-core Xeon VM", "one H200"). Absolute paths: a home, root, work,
+tmp or mount folder with a name below it: a committed result or document names files relative to the repository.
+Third-party data (tokenizers, labelled query sets, the BFCL registry, licences) is kept verbatim and not checked.
 """
 
 from __future__ import annotations
