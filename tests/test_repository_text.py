@@ -1,9 +1,9 @@
 """Every tracked text file speaks of the software: no talk of how it was developed, no paths of the machine a result
 was produced on.
 
-Process talk (the patterns below; the planted examples show each): numbered development sessions and issues, helper
-sessions, engineers by letter, the development machine named as "this" machine or VM, a lent machine, results
-kept "ad hoc". Hardware is named as hardware ("a 2-core Xeon VM", "one H200"). Absolute paths: a home, root, work,
+Process talk (the patterns below; the planted examples show each): sessions and issues by number, helpers and
+engineers of the development, the development machine called "this" one, a machine on loan, results kept "ad hoc".
+Hardware is named as hardware ("a 2-core Xeon VM", "one H200"). Absolute paths: a home, root, work,
 tmp or mount folder with a name below it: a committed result or document names files relative to the repository.
 Third-party data (tokenizers, labelled query sets, the BFCL registry, licences) is kept verbatim and not checked.
 """
