@@ -10,9 +10,11 @@ first split point for which every sampled answer decomposes exactly is kept; see
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import numpy as np
+from tokenizers import Encoding
 
 from tooltrie.compiler.artifact import Artifact, CompileStats
 from tooltrie.compiler.contract import Contract
@@ -25,16 +27,20 @@ from tooltrie.compiler.trie import (
     PHASE_NEXT_MORE,
     CompiledTrie,
     DuplicatePathError,
+    FlatPaths,
     Split,
     build_trie,
 )
-from tooltrie.errors import CompileError, RegistryError
+from tooltrie.errors import CompileError, RegistryError, TooltrieError
 from tooltrie.registry.model import Registry, Tool
+from tooltrie.registry.problems import Problem, RegistryProblems
 
 PROGRESS_MIN_TOOLS = 10_000  # show a progress bar from this many tools on
 _ENCODE_CHUNK = 8_192
 _SCREEN_ANSWERS = 64  # answers tried on a split point before the full verification
 _CHAIN_LENGTH = 32  # tools per verification chain
+# Separators proposed when names contain the contract's: the first that no name contains and that compiles.
+SEPARATOR_CANDIDATES = ("\n", "; ", " | ", ";", "|", "\t", " / ", ",")
 
 
 def compile_registry(
@@ -45,13 +51,16 @@ def compile_registry(
     sample: int = 1_000,
     seed: int = 0,
     progress: bool | None = None,
+    problems: Sequence[Problem] = (),
+    suggest: bool = True,
 ) -> Artifact:
     """Compile ``registry`` into an :class:`Artifact` whose trie paths equal the tokenizer's encodings.
 
     Every tool is verified in context in every position (see ``_verification_answers``), plus ``sample`` random
-    pairs and triples. Raises :class:`RegistryError` for names the
-    contract or tokenizer cannot carry and :class:`CompileError` when no split of the separator represents
-    the registry.
+    pairs and triples. Raises :class:`RegistryProblems` listing every name the contract or tokenizer cannot
+    carry (with ``problems`` found before, e.g. by the loader; when names contain the separator, it proposes one
+    that no name contains and that compiles, unless ``suggest`` is False) and :class:`CompileError` when no split
+    of the separator represents the registry.
 
     >>> from tooltrie.registry import CATALOG_PATH, load_registry
     >>> artifact = compile_registry(load_registry(CATALOG_PATH), TokenizerInfo.load("smollm2-135m"))
@@ -60,17 +69,20 @@ def compile_registry(
     """
     contract = contract or Contract()
     names = registry.names
-    for tool in registry.tools:
-        contract.check_name(tool.name, tool.where)
     show = len(names) >= PROGRESS_MIN_TOOLS if progress is None else progress
     encoder = _Encoder(tokenizer, show)
-    bare_paths = encoder.encode(names)
-    _check_names_encode(registry, bare_paths, tokenizer)
+    bare_lists = encoder.encode_lists(names) if names else []
+    bare = FlatPaths.of(bare_lists)
+    found = [*problems, *name_problems(registry, tokenizer, contract, bare_lists, bare)]
+    if found:
+        raise _problems_error(found, registry, tokenizer, contract, suggest=suggest)
+    if not names:
+        raise RegistryError(f"{registry.source or registry.name}: the registry has no tools")
 
     failures: dict[Split, str] = {}
     for split in _split_candidates(contract.separator):
         answers = _verification_answers(names, split, sample, np.random.default_rng(seed))
-        paths = _phase_paths(names, split, encoder, bare_paths)
+        paths = _phase_paths(names, split, encoder, bare)
         bad = _mismatches(answers[:_SCREEN_ANSWERS], names, paths, contract, encoder)
         if not bad:
             bad = _mismatches(answers, names, paths, contract, encoder)
@@ -88,6 +100,82 @@ def compile_registry(
     lines = [f"no split of the separator {contract.separator!r} lets {tokenizer.source} represent this registry:"]
     lines += [f"  split {split.left!r} | {split.right!r}: {why}" for split, why in failures.items()]
     raise CompileError("\n".join(lines))
+
+
+def name_problems(registry: Registry, tokenizer: TokenizerInfo, contract: Contract, bare_lists: list[list[int]],
+                  bare: FlatPaths) -> list[Problem]:
+    """Every name the contract or the tokenizer cannot carry (``bare``: the names' encodings, as lists and flat)."""
+    tools = registry.tools
+    found = [Problem.of(tool, "separator", f"tool name contains the contract's separator {contract.separator!r}")
+             for tool in tools if contract.separator in tool.name]
+    if not tools:
+        return found
+    lengths = bare.lengths
+    special_ids = np.array(sorted({tokenizer.token_to_id(token) for token in tokenizer.special_tokens}
+                                  - {None} | {tokenizer.eos_id}), dtype=np.int64)
+    tool_of_token = np.repeat(np.arange(len(tools)), lengths)
+    has_special = np.bincount(tool_of_token[np.isin(bare.tokens, special_ids)], minlength=len(tools)) > 0
+    decoded = tokenizer.decode_batch(bare_lists)
+    for tool_id, (tool, text) in enumerate(zip(tools, decoded, strict=True)):
+        if not lengths[tool_id]:
+            found.append(Problem.of(tool, "no_tokens", f"tool name renders to no tokens with {tokenizer.source}"))
+        elif has_special[tool_id]:
+            found.append(Problem.of(
+                tool, "special_token", f"tool name contains a special token of {tokenizer.source} (e.g. the stop "
+                f"token {tokenizer.eos_token!r}); it could end the answer early"))
+        elif text != tool.name:  # e.g. characters the vocabulary has no bytes for are silently dropped
+            found.append(Problem.of(
+                tool, "round_trip", f"tool name does not survive {tokenizer.source}'s round trip: its tokens decode "
+                f"to {text!r}, so an answer naming it could not be parsed"))
+    found += [_same_tokens_problem(tools[later], tools[first]) for first, later in bare.duplicates()
+              if lengths[first]]
+    return found
+
+
+def _problems_error(found: list[Problem], registry: Registry, tokenizer: TokenizerInfo, contract: Contract, *,
+                    suggest: bool) -> RegistryProblems:
+    source = registry.source or registry.name
+    if not suggest or not any(problem.cause == "separator" for problem in found):
+        return RegistryProblems(found, source=source)
+    separator = suggest_separator(registry, tokenizer, contract, found)
+    if separator is None:
+        hint = (f"no separator among {[*SEPARATOR_CANDIDATES]} is absent from every name and compiles with "
+                f"{tokenizer.source}; rename the tools that contain {contract.separator!r}")
+    else:
+        hint = (f"hint: no name contains {separator!r}, and the registry compiles with it for {tokenizer.source}: "
+                f"compile with --separator {cli_quote(separator)}")
+    return RegistryProblems(found, source=source, hint=hint, suggested_separator=separator)
+
+
+def suggest_separator(registry: Registry, tokenizer: TokenizerInfo, contract: Contract,
+                      found: Sequence[Problem]) -> str | None:
+    """The first of ``SEPARATOR_CANDIDATES`` that no name contains and with which the tools whose only problem is
+    the separator (plus those without problems) compile, or None."""
+    other = {(problem.where, problem.tool) for problem in found if problem.cause != "separator"}
+    usable = [tool for tool in registry.tools if (tool.where.removesuffix(f" {tool.name!r}"), tool.name) not in other]
+    if not usable:
+        return None
+    candidate_registry = Registry(name=registry.name, tools=tuple(usable), source=registry.source)
+    for separator in SEPARATOR_CANDIDATES:
+        if separator == contract.separator or any(separator in tool.name for tool in registry.tools):
+            continue
+        try:
+            compile_registry(candidate_registry, tokenizer, Contract(separator=separator), progress=False,
+                             suggest=False)
+        except TooltrieError:
+            continue
+        return separator
+    return None
+
+
+def cli_quote(separator: str) -> str:
+    r"""The separator as ``--separator`` takes it (which reads ``\n``, ``\t`` and ``\\`` as escapes).
+
+    >>> print(cli_quote("\n"), cli_quote("; "))
+    '\n' '; '
+    """
+    escaped = separator.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t")
+    return "'" + escaped.replace("'", "'\"'\"'") + "'"
 
 
 def _split_candidates(separator: str) -> list[Split]:
@@ -134,51 +222,37 @@ class _Encoder:
         self.tokenizer = tokenizer
         self.show_progress = show_progress
 
-    def encode(self, texts: list[str], what: str = "tokenizing") -> list[list[int]]:
+    def encode_lists(self, texts: list[str], what: str = "tokenizing") -> list[list[int]]:
+        return [encoding.ids for encoding in self._encodings(texts, what)]
+
+    def encode(self, texts: list[str], what: str = "tokenizing") -> FlatPaths:
+        """The texts' ids concatenated, without a Python list per text (the encodings are merged in Rust)."""
+        return self.tokenizer.flat_ids(self._encodings(texts, what))
+
+    def _encodings(self, texts: list[str], what: str) -> list[Encoding]:
         if not self.show_progress:
-            return list(self.tokenizer.encode_batch(texts))
+            return self.tokenizer.encodings(texts)
         from tqdm import tqdm
 
-        out: list[list[int]] = []
+        out: list[Encoding] = []
         with tqdm(total=len(texts), desc=what, unit="text", leave=False) as bar:
             for start in range(0, len(texts), _ENCODE_CHUNK):
                 chunk = texts[start : start + _ENCODE_CHUNK]
-                out += self.tokenizer.encode_batch(chunk)
+                out += self.tokenizer.encodings(chunk)
                 bar.update(len(chunk))
         return out
 
 
-def _check_names_encode(registry: Registry, encodings: list[list[int]], tokenizer: TokenizerInfo) -> None:
-    special_ids = {tokenizer.token_to_id(token) for token in tokenizer.special_tokens} | {tokenizer.eos_id}
-    decoded = tokenizer.decode_batch(encodings)
-    first_with: dict[tuple[int, ...], Tool] = {}
-    for tool, ids, text in zip(registry.tools, encodings, decoded, strict=True):
-        twin = first_with.setdefault(tuple(ids), tool)
-        if twin is not tool:
-            raise _same_tokens_error(tool, twin)
-        if not ids:
-            raise RegistryError(f"{tool.where}: tool name renders to no tokens with {tokenizer.source}")
-        if special_ids.intersection(ids):
-            raise RegistryError(
-                f"{tool.where}: tool name contains a special token of {tokenizer.source} "
-                f"(e.g. the stop token {tokenizer.eos_token!r}); it could end the answer early"
-            )
-        if text != tool.name:  # e.g. characters the vocabulary has no bytes for are silently dropped
-            raise RegistryError(f"{tool.where}: tool name does not survive {tokenizer.source}'s round trip: "
-                                f"its tokens decode to {text!r}, so an answer naming it could not be parsed")
-
-
-def _same_tokens_error(tool: Tool, twin: Tool) -> RegistryError:
+def _same_tokens_problem(tool: Tool, twin: Tool) -> Problem:
     hint = " (they differ only in case: this tokenizer does not tell case apart)" if (
         tool.name.casefold() == twin.name.casefold()) else ""
-    return RegistryError(f"{tool.where}: tool name tokenizes exactly like {twin.name!r} ({twin.where}){hint}")
+    return Problem.of(tool, "duplicate_path", f"tool name tokenizes exactly like {twin.name!r} ({twin.where}){hint}")
 
 
-def _phase_paths(names: list[str], split: Split, encoder: _Encoder,
-                 bare_paths: list[list[int]]) -> dict[int, list[list[int]]]:
+def _phase_paths(names: list[str], split: Split, encoder: _Encoder, bare: FlatPaths) -> dict[int, FlatPaths]:
     """Token paths of every tool in each phase (phases with the same affixes share one encoding; the bare names
     are encoded already)."""
-    by_affix: dict[tuple[str, str], list[list[int]]] = {("", ""): bare_paths}
+    by_affix: dict[tuple[str, str], FlatPaths] = {("", ""): bare}
     paths = {}
     for phase in range(N_PHASES):
         prefix, suffix = split.affixes(phase)
@@ -192,28 +266,60 @@ def _phase_paths(names: list[str], split: Split, encoder: _Encoder,
 def _mismatches(
     answers: Sequence[tuple[int, ...]],
     names: list[str],
-    paths: dict[int, list[list[int]]],
+    paths: dict[int, FlatPaths],
     contract: Contract,
     encoder: _Encoder,
 ) -> list[tuple[int, ...]]:
-    """The answers whose canonical encoding is not the concatenation of their tools' phase paths."""
-    actual = encoder.encode([contract.render([names[t] for t in answer]) for answer in answers], what="verifying")
-    first_last, first_more, next_last, next_more = (paths[phase] for phase in (
-        PHASE_FIRST_LAST, PHASE_FIRST_MORE, PHASE_NEXT_LAST, PHASE_NEXT_MORE))
-    bad = []
-    for answer, ids in zip(answers, actual, strict=True):
-        if len(answer) == 1:
-            expected = first_last[answer[0]]
-        else:
-            expected = first_more[answer[0]] + [token for tool in answer[1:-1] for token in next_more[tool]]
-            expected += next_last[answer[-1]]
-        if expected != ids:
-            bad.append(answer)
-    return bad
+    """The answers whose canonical encoding is not the concatenation of their tools' phase paths (compared as
+    flat arrays: one gather builds every expected encoding)."""
+    if not answers:
+        return []
+    tool_names = [names[tool] for answer in answers for tool in answer]
+    bounds = np.cumsum([0, *map(len, answers)]).tolist()
+    actual = encoder.encode([contract.separator.join(tool_names[a:b]) for a, b in itertools.pairwise(bounds)],
+                            what="verifying")
+    # The phase of every position: one table of paths, indexed by (distinct encoding, tool).
+    tables: list[FlatPaths] = []
+    table_of_phase = []
+    for phase in range(N_PHASES):
+        found = next((i for i, seen in enumerate(tables) if seen is paths[phase]), None)
+        if found is None:
+            tables.append(paths[phase])
+            found = len(tables) - 1
+        table_of_phase.append(found)
+    n_tools = len(names)
+    table_tokens = np.concatenate([table.tokens for table in tables])
+    table_starts = np.concatenate([table.starts[:-1] + offset for table, offset in
+                                   zip(tables, np.cumsum([0] + [len(t.tokens) for t in tables]), strict=False)])
+    table_lengths = np.concatenate([table.lengths for table in tables])
+    answer = FlatPaths.of(answers)
+    length = answer.lengths
+    position = np.arange(len(answer.tokens)) - np.repeat(answer.starts[:-1], length)
+    size = np.repeat(length, length)
+    phase = np.where(position == 0, np.where(size == 1, PHASE_FIRST_LAST, PHASE_FIRST_MORE),
+                     np.where(position == size - 1, PHASE_NEXT_LAST, PHASE_NEXT_MORE))
+    key = np.asarray(table_of_phase)[phase] * n_tools + answer.tokens
+    seg_start, seg_length = table_starts[key], table_lengths[key]
+    expected_length = np.add.reduceat(seg_length, answer.starts[:-1])
+    expected = table_tokens[_ranges(seg_start, seg_length)]
+    same_length = expected_length == actual.lengths
+    # Compare the answers of equal length token by token (their tokens line up once the others are dropped).
+    expected_owner = np.repeat(same_length, expected_length)
+    actual_owner = np.repeat(same_length, actual.lengths)
+    owner = np.repeat(np.arange(len(answers)), actual.lengths)[actual_owner]
+    differs = np.zeros(len(answers), dtype=bool)
+    differs[owner[expected[expected_owner] != actual.tokens[actual_owner]]] = True
+    return [answers[i] for i in np.nonzero(differs | ~same_length)[0]]
 
 
-def _build(paths: dict[int, list[list[int]]], registry: Registry) -> CompiledTrie:
-    distinct: list[list[list[int]]] = []
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The concatenated ranges ``starts[i]:starts[i] + lengths[i]``, without a Python loop."""
+    offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return np.repeat(starts, lengths) + offsets
+
+
+def _build(paths: dict[int, FlatPaths], registry: Registry) -> CompiledTrie:
+    distinct: list[FlatPaths] = []
     phase_trie = []
     for phase in range(N_PHASES):
         found = next((i for i, seen in enumerate(distinct) if seen is paths[phase]), None)
@@ -224,8 +330,9 @@ def _build(paths: dict[int, list[list[int]]], registry: Registry) -> CompiledTri
     try:
         trie = build_trie(distinct, phase_trie)
     except DuplicatePathError as exc:
-        first, second = sorted(exc.pairs[0])
-        raise _same_tokens_error(registry.tools[second], registry.tools[first]) from None
+        tools = registry.tools
+        raise RegistryProblems([_same_tokens_problem(tools[max(pair)], tools[min(pair)]) for pair in exc.pairs],
+                               source=registry.source or registry.name) from None
     trie.validate()
     return trie
 

@@ -199,7 +199,53 @@ class DuplicatePathError(ValueError):
         self.pairs = pairs
 
 
-def build_trie(paths_per_trie: Sequence[Sequence[Sequence[int]]], phase_trie: Sequence[int]) -> CompiledTrie:
+@dataclass(frozen=True)
+class FlatPaths:
+    """Token paths concatenated into one array: path ``i`` is ``tokens[starts[i]:starts[i + 1]]``.
+
+    >>> FlatPaths.of([[5, 7], [], [6]]).lengths.tolist(), FlatPaths.of([[5, 7], [], [6]]).path(2)
+    ([2, 0, 1], [6])
+    """
+
+    tokens: npt.NDArray[np.int64]
+    starts: npt.NDArray[np.int64]  # len(paths) + 1 entries
+
+    @classmethod
+    def of(cls, paths: Sequence[Sequence[int]]) -> FlatPaths:
+        lengths = np.fromiter((len(p) for p in paths), dtype=np.int64, count=len(paths))
+        tokens = np.fromiter(itertools.chain.from_iterable(paths), dtype=np.int64, count=int(lengths.sum()))
+        return cls(tokens, np.concatenate([[0], np.cumsum(lengths)]))
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    @property
+    def lengths(self) -> npt.NDArray[np.int64]:
+        return np.diff(self.starts)
+
+    def path(self, i: int) -> list[int]:
+        return [int(token) for token in self.tokens[self.starts[i] : self.starts[i + 1]]]
+
+    def padded(self) -> npt.NDArray[np.int64]:
+        """A row per path, padded with -1 (a path sorts before its extensions; padding never equals a token)."""
+        lengths = self.lengths
+        padded = np.full((len(self), int(lengths.max(initial=0))), -1, dtype=np.int64)
+        padded[np.arange(padded.shape[1]) < lengths[:, None]] = self.tokens
+        return padded
+
+    def duplicates(self) -> list[tuple[int, int]]:
+        """Pairs (earlier, later) of paths with the same tokens, each later path once."""
+        padded = self.padded()
+        order = np.lexsort(padded.T[::-1]) if padded.shape[1] else np.arange(len(self))
+        rows = padded[order]
+        same = np.concatenate([[False], np.all(rows[1:] == rows[:-1], axis=1)])
+        # Sorting is stable, so the first row of each run of equal rows is the earliest path.
+        run_first = np.maximum.accumulate(np.where(same, 0, np.arange(len(order))))
+        return [(int(order[run_first[i]]), int(order[i])) for i in np.nonzero(same)[0]]
+
+
+def build_trie(paths_per_trie: Sequence[Sequence[Sequence[int]] | FlatPaths],
+               phase_trie: Sequence[int]) -> CompiledTrie:
     """Build the frozen arrays from each trie's token paths (``paths_per_trie[r][tool]``).
 
     Each trie is built by sorting its paths: in lexicographic order, the nodes a path adds are those below its
@@ -240,14 +286,11 @@ class _OneTrie:
     tool_path_edges: npt.NDArray[np.int64]  # concatenated in tool order
 
 
-def _build_one(paths: Sequence[Sequence[int]]) -> _OneTrie:
-    n_tools = len(paths)
-    lengths = np.fromiter((len(p) for p in paths), dtype=np.int64, count=n_tools)
+def _build_one(paths: Sequence[Sequence[int]] | FlatPaths) -> _OneTrie:
+    flat = paths if isinstance(paths, FlatPaths) else FlatPaths.of(paths)
+    n_tools, lengths = len(flat), flat.lengths
     depth = int(lengths.max())
-    # Pad with -1: a path sorts before its extensions, and padding never equals a token.
-    padded = np.full((n_tools, depth), -1, dtype=np.int64)
-    padded[np.arange(depth) < lengths[:, None]] = np.fromiter(itertools.chain.from_iterable(paths), dtype=np.int64,
-                                                              count=int(lengths.sum()))
+    padded = flat.padded()
     order = np.lexsort(padded.T[::-1])
     rows, row_lengths = padded[order], lengths[order]
     # lcp[i]: tokens row i shares with row i-1; row i adds the nodes at depths lcp[i]..len-1.
