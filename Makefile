@@ -58,8 +58,8 @@ training-data: $(TRAINING_DATA)/meta.json
 $(TRAINING_DATA)/meta.json: $(REGISTRY) $(ARTIFACT) $(EVAL_SOURCES) | install
 	$(BIN)/tooltrie gen-data --registry $(REGISTRY) --artifact $(ARTIFACT) --prompt-style $(PROMPT_STYLE) -o $(TRAINING_DATA)
 
-# A LoRA adapter of the default model for the registry (these settings: 28 minutes on this project's shared 2-core
-# CPU; see README). For the bundled catalog, `make train ADAPTER=serve/default_adapter` remakes the embedded default
+# A LoRA adapter of the default model for the registry (these settings: 28 minutes on a shared 2-core Xeon VM; see
+# docs/training.md). For the bundled catalog, `make train ADAPTER=serve/default_adapter` remakes the embedded default
 # with the settings it was made with: rank 32 on the last 15 of the 30 blocks (the backward pass stops there), the
 # plain loss plus the loss over the trie's legal tokens (the serving mask), 760 balanced steps of 16, both cores.
 ADAPTER ?= build/$(REGISTRY_NAME).adapter

@@ -36,7 +36,7 @@ from tooltrie.registry import CATALOG_PATH, load_registry
 from tooltrie.serve.model import DTYPE_NAMES, load_model, serving_dtype
 from tooltrie.serve.prompt import Prompt
 
-TARGET_K1_MS = 50.0  # issue 8: the engine's answer for k = 1, reported, never asserted
+TARGET_K1_MS = 50.0  # the target for the engine's answer at k = 1: reported, never asserted
 
 
 def answer_twice(arm: Any, query: LabelledQuery, tokens: dict[str, list[int]], name: str) -> dict[str, float]:

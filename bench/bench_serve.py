@@ -7,7 +7,7 @@ bundled 47-tool catalog: one batching (``--max-batch`` = the largest concurrency
 (``--max-batch 1``). For each concurrency c (1, 8, 32 by default), c clients in this process (asyncio + httpx, one
 connection each) send the same fixed list of requests (``--requests``, the ``QUERIES`` in turn with k = 1, 2, 3 in
 turn), each client sending its next request when its last one is answered. The two servers take turns at each
-concurrency (the first one rotating from level to level), so drift on this shared machine hits both alike; the idle
+concurrency (the first one rotating from level to level), so drift on a shared machine hits both alike; the idle
 server uses no CPU.
 
 Measured per (batching, concurrency): throughput (answers per second of wall time from the first request to the

@@ -114,7 +114,7 @@ class ModelInfo:
 
 def serving_dtype(name: str = "auto") -> torch.dtype:
     """The dtype a model is served (and evaluated) in. ``auto``: bfloat16 where the CPU multiplies it natively
-    (AVX512-BF16 or AMX, as oneDNN reports), else float32. On this project's Xeon (AMX) a prompt pass of SmolLM2 is
+    (AVX512-BF16 or AMX, as oneDNN reports), else float32. On a Xeon with AMX a prompt pass of SmolLM2 is
     about 3x faster in bfloat16 and a one-token pass no slower; the decisions are still taken in float32
     (``serve.engine``), from the bfloat16 hidden state. Training keeps float32 weights whatever this says."""
     if name not in DTYPE_NAMES:

@@ -32,7 +32,7 @@ class LoraSettings:
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """Defaults sized for this project's 2-core CPU: about 40 minutes for the catalog data (see README)."""
+    """Defaults sized for a 2-core CPU: about 40 minutes for the catalog data (see docs/training.md)."""
 
     steps: int = 350  # time is linear in steps: 5.5-7 CPU seconds each for batch 16 here, ~40 minutes in all
     batch_size: int = 16  # time per step is about linear in it
