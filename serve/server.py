@@ -298,23 +298,24 @@ class _BodyLimit:
 def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool = True, tokenizer: str | None = None,
           host: str = "127.0.0.1", port: int = 8000, limits: ServeLimits | None = None,
           log_level: str = "info", policy: Path | None = None, prefilter: dict[str | None, int] | None = None,
-          dtype: str = "auto") -> None:
+          dtype: str = "auto", separator: str | None = None) -> None:
     """``tooltrie serve``: load the model, compile (or take from the cache) each registry, and serve until
-    interrupted. ``policy``: the tenants' file (None: open, on loopback only); ``prefilter``: the top N by retrieval
-    per registry name (None as the name: every registry), each also the most a request may ask for; ``dtype``: a
-    ``serve.model.DTYPE_NAMES`` entry."""
+    interrupted. ``registries``: registry files or compiled artifacts (``separator``: the contract's for the files,
+    None for the default). ``policy``: the tenants' file (None: open, on loopback only); ``prefilter``: the top N by
+    retrieval per registry name (None as the name: every registry), each also the most a request may ask for;
+    ``dtype``: a ``serve.model.DTYPE_NAMES`` entry."""
     import uvicorn
     from transformers.utils import logging as transformers_logging
 
     from tooltrie.compiler import TokenizerInfo
-    from tooltrie.registry import load_registry
+    from tooltrie.compiler.sources import registry_of
     from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     tenants = Policy.load(policy) if policy is not None else None
     check_open_binding(host, tenants)  # before anything slow: an open server may listen on loopback only
-    names = [load_registry(path).name for path in registries]  # a bad registry file is refused before the model loads
+    names = [registry_of(path).name for path in registries]  # a bad registry file is refused before the model loads
     rankers, why = embedding_rankers()
     limits_n = {name: n for name in names for key, n in (prefilter or {}).items() if key in (None, name)}
     unknown = sorted(str(key) for key in (prefilter or {}) if key is not None and key not in names)
@@ -323,7 +324,8 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     loaded, info = load_model(model, adapter=adapter, dtype=serving_dtype(dtype))
     service = DiscoveryService.from_paths(registries, loaded, TokenizerInfo.load(tokenizer or info.tokenizer),
                                           prompt=Prompt.style(info.prompt_style), limits=limits, policy=tenants,
-                                          prefilter=Prefilter(rankers, limits=limits_n, unavailable=why))
+                                          prefilter=Prefilter(rankers, limits=limits_n, unavailable=why),
+                                          separator=separator)
     for name in names:  # the model answers validly anyway, but may not know these tools
         mismatch = training_mismatch(info, service.served(name).artifact)
         if mismatch:

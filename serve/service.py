@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_cached, compile_registry
+from tooltrie.compiler.sources import artifact_from
 from tooltrie.errors import DecodeError, RegistryError, TooltrieError
-from tooltrie.registry import Registry, load_registry, make_registry
+from tooltrie.registry import Registry, make_registry
 from tooltrie.serve.access import ToolView
 from tooltrie.serve.engine import Engine, Request, response
 from tooltrie.serve.errors import (
@@ -107,7 +108,20 @@ class ServedRegistry:
                 cache_dir: Path | None = None) -> ServedRegistry:
         artifact = (compile_cached(registry, tokenizer, cache_dir=cache_dir) if path is not None
                     else compile_registry(registry, tokenizer))
-        prefix, suffix = prompt.parts(artifact.registry, artifact.contract, len(registry))
+        return cls.of(artifact, tokenizer, prompt, path=path)
+
+    @classmethod
+    def load(cls, path: Path, tokenizer: TokenizerInfo, prompt: Prompt, *, separator: str | None = None,
+             cache_dir: Path | None = None) -> ServedRegistry:
+        """A registry file compiled (through the cache; ``separator``: its contract's), or a compiled artifact."""
+        return cls.of(artifact_from(path, tokenizer, separator=separator, cache_dir=cache_dir), tokenizer, prompt,
+                      path=path)
+
+    @classmethod
+    def of(cls, artifact: Artifact, tokenizer: TokenizerInfo, prompt: Prompt, *,
+           path: Path | None = None) -> ServedRegistry:
+        registry = artifact.registry
+        prefix, suffix = prompt.parts(registry, artifact.contract, len(registry))
         return cls(name=registry.name, path=path, artifact=artifact,
                    prompt_tokens=len(tokenizer.encode(prefix + suffix)), loaded_at=time.time())
 
@@ -142,13 +156,14 @@ class DiscoveryService:
     def __init__(self, model: Any, tokenizer: TokenizerInfo, registries: Sequence[ServedRegistry], *,
                  prompt: Prompt | None = None, limits: ServeLimits | None = None,
                  cache_dir: Path | None = None, policy: Policy | None = None,
-                 prefilter: Prefilter | None = None) -> None:
+                 prefilter: Prefilter | None = None, separator: str | None = None) -> None:
         if not registries:
             raise ValueError("a discovery service needs at least one registry")
         self.model, self.tokenizer = model, tokenizer
         self.prompt = prompt or Prompt()
         self.limits = limits or ServeLimits()
         self.cache_dir = cache_dir
+        self.separator = separator  # the contract's for registry files (re)compiled here; None: the default
         self.metrics = ServeMetrics()
         self._served: dict[str, ServedRegistry] = {}
         for served in registries:
@@ -184,13 +199,14 @@ class DiscoveryService:
     def from_paths(cls, paths: Sequence[str | Path], model: Any, tokenizer: TokenizerInfo, *,
                    prompt: Prompt | None = None, limits: ServeLimits | None = None,
                    cache_dir: Path | None = None, policy: Policy | None = None,
-                   prefilter: Prefilter | None = None) -> DiscoveryService:
-        """Load and compile (or take from the compile cache) each registry file."""
+                   prefilter: Prefilter | None = None, separator: str | None = None) -> DiscoveryService:
+        """Load and compile (or take from the compile cache) each registry file, or load each compiled artifact
+        (``separator``: the contract's for the registry files)."""
         prompt = prompt or Prompt()
-        served = [ServedRegistry.compile(load_registry(path), tokenizer, prompt, path=Path(path), cache_dir=cache_dir)
+        served = [ServedRegistry.load(Path(path), tokenizer, prompt, separator=separator, cache_dir=cache_dir)
                   for path in paths]
         return cls(model, tokenizer, served, prompt=prompt, limits=limits, cache_dir=cache_dir, policy=policy,
-                   prefilter=prefilter)
+                   prefilter=prefilter, separator=separator)
 
     def _engine(self, artifact: Artifact) -> Engine:
         return Engine(self.model, self.tokenizer, artifact, max_batch=self.limits.max_batch, prompt=self.prompt)
@@ -418,13 +434,14 @@ class DiscoveryService:
 
     def _load(self, name: str, path: Path) -> ServedRegistry:
         try:
-            registry = load_registry(path)
+            artifact = artifact_from(path, self.tokenizer, separator=self.separator, cache_dir=self.cache_dir)
+            registry = artifact.registry
             if registry.name != name:
                 raise RegistryReloadError(f"{path} now names its registry {registry.name!r}; a reload keeps the "
                                           f"name {name!r} (serve it under a new name instead)")
             if self.policy is not None:  # a tenant's allow list must still name tools and tags the file has
                 self._check_policy(registry, self.policy)
-            return ServedRegistry.compile(registry, self.tokenizer, self.prompt, path=path, cache_dir=self.cache_dir)
+            return ServedRegistry.of(artifact, self.tokenizer, self.prompt, path=path)
         except RegistryReloadError:
             raise
         except (TooltrieError, OSError) as exc:

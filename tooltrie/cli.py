@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,8 +21,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     compile_cmd.add_argument("registry", type=Path, help="registry file (.yaml, .json, .jsonl)")
     compile_cmd.add_argument("--tokenizer", default=None,
                              help="tokenizer directory, tokenizer.json, or bundled name (default: smollm2-135m)")
-    compile_cmd.add_argument("--separator", default=", ", help="the contract's separator (default: ', ')")
+    _add_separator_option(compile_cmd, default=", ")
     compile_cmd.add_argument("-o", "--output", type=Path, required=True, help="artifact file to write")
+    compile_cmd.add_argument("--format", choices=("text", "json"), default="text",
+                             help="how errors are reported: text on stderr, or one JSON object on stdout listing "
+                                  "every problem (for CI)")
+    compile_cmd.add_argument("--require-descriptions", action="store_true",
+                             help="an empty tool description is a problem too")
     compile_cmd.set_defaults(run=_compile)
 
     inspect_cmd = commands.add_parser("inspect", help="print an artifact's header and placement as JSON")
@@ -40,7 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ask_cmd = commands.add_parser("ask", help="which tools answer this query? (default: bundled catalog, SmolLM2)")
     ask_cmd.add_argument("query")
     ask_cmd.add_argument("--k", type=int, default=3, help="how many tools (default 3)")
-    ask_cmd.add_argument("--registry", type=Path, default=None, help="registry file (default: the bundled catalog)")
+    ask_cmd.add_argument("--registry", type=Path, default=None,
+                         help="registry file or compiled artifact (default: the bundled catalog)")
+    _add_separator_option(ask_cmd)
     ask_cmd.add_argument("--model", default=None,
                          help="local Hugging Face causal-LM directory or adapter directory (default: SmolLM2 with "
                               "the bundled adapter)")
@@ -55,8 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve_cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve_cmd.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     serve_cmd.add_argument("--registry", type=Path, action="append", default=None,
-                           help="registry file to serve; repeat for several, the first is the default "
-                                "(default: the bundled catalog)")
+                           help="registry file or compiled artifact to serve; repeat for several, the first is "
+                                "the default (default: the bundled catalog)")
+    _add_separator_option(serve_cmd)
     serve_cmd.add_argument("--model", default=None, help="local Hugging Face causal-LM directory (default: SmolLM2)")
     serve_cmd.add_argument("--base", action="store_true", help="the base model alone, without the bundled adapter")
     serve_cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
@@ -86,20 +95,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args)
     except TooltrieError as exc:
-        print(f"tooltrie {args.command}: error: {exc}", file=sys.stderr)
+        if getattr(args, "format", "text") == "json":
+            report = exc.to_json() if hasattr(exc, "to_json") else {"error": type(exc).__name__, "message": str(exc)}
+            print(json.dumps(report, ensure_ascii=False, indent=2))
+        else:
+            print(f"tooltrie {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `tooltrie inspect ... | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
 
+def _add_separator_option(command: argparse.ArgumentParser, *, default: str | None = None) -> None:
+    where = "" if default is not None else " where a registry file is compiled (an artifact holds its own)"
+    command.add_argument("--separator", type=separator_text, default=default,
+                         help=f"the contract's separator{where}; \\n, \\t and \\\\ are read as escapes "
+                              "(default: ', ')")
+
+
+def separator_text(text: str) -> str:
+    r"""``--separator``'s value: ``\n``, ``\t`` and ``\\`` typed in a shell are the characters they name.
+
+    >>> separator_text(r"\n"), separator_text(", "), separator_text(r"a\\nb")
+    ('\n', ', ', 'a\\nb')
+    """
+    escapes = {"n": "\n", "t": "\t", "\\": "\\"}
+    return re.sub(r"\\([nt\\])", lambda match: escapes[match.group(1)], text)
+
+
 def _compile(args: argparse.Namespace) -> int:
     from tooltrie.compiler import Contract, TokenizerInfo, compile_registry
     from tooltrie.registry import load_registry
+    from tooltrie.registry.problems import Problem
 
-    registry = load_registry(args.registry)
+    problems: list[Problem] = []  # every entry's problems, reported with the compiler's in one pass
+    registry = load_registry(args.registry, problems=problems, require_descriptions=args.require_descriptions)
     tokenizer = TokenizerInfo.load(args.tokenizer)
-    artifact = compile_registry(registry, tokenizer, Contract(separator=args.separator))
+    artifact = compile_registry(registry, tokenizer, Contract(separator=args.separator), problems=problems)
     artifact.save(args.output)
     trie = artifact.trie
     print(f"{args.output}: {trie.n_tools} tools, {trie.n_nodes} nodes, {trie.n_edges} edges, "
@@ -136,18 +168,20 @@ def _add_dtype_option(command: argparse.ArgumentParser) -> None:
 def _ask(args: argparse.Namespace) -> int:
     from transformers.utils import logging as transformers_logging
 
-    from tooltrie.compiler import TokenizerInfo, compile_cached
-    from tooltrie.registry import CATALOG_PATH, load_registry
+    from tooltrie.compiler import TokenizerInfo
+    from tooltrie.compiler.sources import artifact_from, registry_of
+    from tooltrie.registry import CATALOG_PATH
     from tooltrie.serve.engine import Engine, Request, response
     from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
     # The answer is the output: no weight-loading progress bars around it.
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    registry = load_registry(args.registry or CATALOG_PATH)
+    source = args.registry or CATALOG_PATH
+    registry_of(source)  # a bad registry or artifact is refused before the model loads
     model, info = load_model(args.model, adapter=not args.base, dtype=serving_dtype(args.dtype))
     tokenizer = TokenizerInfo.load(args.tokenizer or info.tokenizer)
-    artifact = compile_cached(registry, tokenizer)
+    artifact = artifact_from(source, tokenizer, separator=args.separator)
     mismatch = training_mismatch(info, artifact)
     if mismatch:
         print(f"tooltrie ask: warning: {mismatch}", file=sys.stderr)
@@ -184,7 +218,8 @@ def _serve(args: argparse.Namespace) -> int:
             raise SystemExit(f"tooltrie serve: error: --prefilter takes [REGISTRY=]N, got {setting!r}")
         prefilter[name or None] = int(n)
     serve(registries=args.registry or [CATALOG_PATH], model=args.model, adapter=not args.base, tokenizer=args.tokenizer,
-          host=args.host, port=args.port, limits=limits, policy=args.policy, prefilter=prefilter, dtype=args.dtype)
+          host=args.host, port=args.port, limits=limits, policy=args.policy, prefilter=prefilter, dtype=args.dtype,
+          separator=args.separator)
     return 0
 
 
