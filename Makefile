@@ -6,7 +6,12 @@ REGISTRY ?= registry/catalog.yaml
 TOKENIZER ?= smollm2-135m
 # A bundled tokenizer name maps to its file, so the artifact is rebuilt when the tokenizer changes.
 TOKENIZER_FILE := $(if $(wildcard compiler/tokenizers/$(TOKENIZER)/tokenizer.json),compiler/tokenizers/$(TOKENIZER)/tokenizer.json,$(TOKENIZER))
-ARTIFACT ?= build/$(basename $(notdir $(REGISTRY))).trie.safetensors
+# REGISTRY may also be an artifact `tooltrie compile` made (its header holds the registry and the contract): it is
+# then used as it is. SEPARATOR: the contract's separator for compiling (\n and \t as escapes; default ", ").
+REGISTRY_IS_ARTIFACT := $(filter %.safetensors,$(REGISTRY))
+ARTIFACT ?= $(if $(REGISTRY_IS_ARTIFACT),$(REGISTRY),build/$(basename $(notdir $(REGISTRY))).trie.safetensors)
+SEPARATOR ?=
+SEPARATOR_OPTION := $(if $(SEPARATOR),--separator '$(SEPARATOR)')
 COMPILER_SOURCES := $(wildcard compiler/*.py registry/*.py)
 
 .PHONY: install test lint compile-registry inspect model demo bench clean serve training-data eval-grammar eval test-vllm \
@@ -41,12 +46,14 @@ lint: install
 
 compile-registry: $(ARTIFACT)
 
+ifeq ($(REGISTRY_IS_ARTIFACT),)
 $(ARTIFACT): $(REGISTRY) $(TOKENIZER_FILE) $(COMPILER_SOURCES) | install
-	$(BIN)/tooltrie compile $(REGISTRY) --tokenizer $(TOKENIZER) -o $@
+	$(BIN)/tooltrie compile $(REGISTRY) --tokenizer $(TOKENIZER) $(SEPARATOR_OPTION) -o $@
+endif
 
 # Training data and the evaluation grammar come from the artifact that serving uses, and depend on the registry
 # file: a registry change regenerates all three (tests/test_gen_data.py checks these rules with `make -q`/`-n`).
-REGISTRY_NAME := $(basename $(notdir $(REGISTRY)))
+REGISTRY_NAME := $(basename $(notdir $(REGISTRY:.trie.safetensors=.safetensors)))
 TRAINING_DATA ?= build/$(REGISTRY_NAME).training
 PROMPT_STYLE ?= short
 EVAL_KS ?= 1 2
@@ -68,7 +75,7 @@ TRAIN_OPTIONS ?= --loss both --rank 32 --alpha 64 --top-layers 15 --steps 760 --
 train: $(ADAPTER)/tooltrie.json
 
 $(ADAPTER)/tooltrie.json: $(TRAINING_DATA)/meta.json | install
-	$(BIN)/tooltrie train $(TRAINING_DATA) --registry $(REGISTRY) -o $(ADAPTER) --log $(TRAIN_LOG) $(TRAIN_OPTIONS)
+	$(BIN)/tooltrie train $(TRAINING_DATA) --registry $(ARTIFACT) -o $(ADAPTER) --log $(TRAIN_LOG) $(TRAIN_OPTIONS)
 
 eval-grammar: $(EVAL_GRAMMARS)
 

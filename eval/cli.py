@@ -15,14 +15,18 @@ DEFAULT_EVAL_ARMS = "engine,hf,unconstrained,xgrammar"
 
 def add_commands(commands: Any) -> None:
     """Register the subcommands on ``tooltrie``'s subparsers."""
+    from tooltrie.compiler.contract import add_separator_option
+
     ev = commands.add_parser("eval", help="score a model and an artifact on labelled queries, per arm")
     ev.add_argument("--dataset", default="metatool-single",
                     help="NAME[:SPLIT] of a bundled set (default split: test) or a JSONL file of {query, tools}")
     ev.add_argument("--arms", default=DEFAULT_EVAL_ARMS,
                     help=f"comma-separated: engine, hf, unconstrained, xgrammar, retrieval, vllm, vllm-xgrammar, "
                          f"vllm-unconstrained (default: {DEFAULT_EVAL_ARMS})")
-    ev.add_argument("--registry", type=Path, default=None, help="registry file (default: the dataset's)")
+    ev.add_argument("--registry", type=Path, default=None,
+                    help="registry file or compiled artifact (default: the dataset's)")
     ev.add_argument("--artifact", type=Path, default=None, help="compiled artifact (default: compiled, cached)")
+    add_separator_option(ev)
     ev.add_argument("--model", default=None, help="local Hugging Face causal-LM directory (default: SmolLM2)")
     ev.add_argument("--base", action="store_true", help="the base model alone, without the bundled adapter")
     ev.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
@@ -46,18 +50,24 @@ def add_commands(commands: Any) -> None:
 
 
 def registry_and_artifact(registry_path: Path | None, artifact_path: Path | None, tokenizer_source: str | None,
-                           default_registry: Path) -> tuple[Any, Any]:
-    from tooltrie.compiler import Artifact, TokenizerInfo, compile_cached
-    from tooltrie.registry import load_registry
+                           default_registry: Path, *, separator: str | None = None) -> tuple[Any, Any]:
+    """The tokenizer and the artifact a command works on: ``artifact_path``, or ``registry_path`` when it is a
+    compiled artifact (checked against the other, the tokenizer and ``separator`` when given), else the registry
+    file compiled with ``separator`` (default: the contract's) through the cache."""
+    from tooltrie.compiler import Artifact, Contract, TokenizerInfo
+    from tooltrie.compiler.sources import artifact_from, is_artifact, registry_of
 
+    if artifact_path is None and registry_path is not None and is_artifact(registry_path):
+        artifact_path, registry_path = registry_path, None
     if artifact_path is not None:
         artifact = Artifact.load(artifact_path)
         tokenizer = TokenizerInfo.load(tokenizer_source or artifact.tokenizer_meta["source"])
-        registry = load_registry(registry_path) if registry_path else None
-        artifact.check_compatible(tokenizer=tokenizer, registry=registry, where=str(artifact_path))
+        registry = registry_of(registry_path) if registry_path else None
+        contract = Contract(separator=separator) if separator is not None else None
+        artifact.check_compatible(tokenizer=tokenizer, registry=registry, contract=contract, where=str(artifact_path))
         return tokenizer, artifact
     tokenizer = TokenizerInfo.load(tokenizer_source)
-    return tokenizer, compile_cached(load_registry(registry_path or default_registry), tokenizer)
+    return tokenizer, artifact_from(registry_path or default_registry, tokenizer, separator=separator)
 
 
 def _eval(args: argparse.Namespace) -> int:
@@ -82,7 +92,7 @@ def _eval(args: argparse.Namespace) -> int:
     model, info = load_model(args.model, adapter=not args.base, dtype=serving_dtype(args.dtype))
     tokenizer, artifact = registry_and_artifact(
         args.registry, args.artifact, args.tokenizer or info.tokenizer,
-        registry_path(name) if bundled else CATALOG_PATH)
+        registry_path(name) if bundled else CATALOG_PATH, separator=args.separator)
     mismatch = training_mismatch(info, artifact)
     if mismatch:
         print(f"tooltrie eval: warning: {mismatch}", file=sys.stderr)

@@ -101,15 +101,15 @@ def _registry_from_records(records: list[_Record], *, name: str, source: str, pr
         raise RegistryError(f"{source}: the registry has no tools")
     tools = _drop_duplicates(tools, found)
     if require_descriptions:
-        found += [Problem("empty_description", tool.where, tool.name, "tool has no description")
+        found += [Problem.of(tool, "empty_description", "tool has no description")
                   for tool in tools if not tool.description.strip()]
     if problems is None:
         if found:
             raise RegistryProblems(found, source=source)
     else:
         problems += found
-        bad = {problem.where for problem in found}
-        tools = [tool for tool in tools if tool.where not in bad]
+        bad = {(problem.where, problem.tool) for problem in found}
+        tools = [tool for tool in tools if (tool.where.removesuffix(f" {tool.name!r}"), tool.name) not in bad]
     return Registry(name=name, tools=tuple(tools), source=source)
 
 

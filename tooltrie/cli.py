@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -107,20 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _add_separator_option(command: argparse.ArgumentParser, *, default: str | None = None) -> None:
-    where = "" if default is not None else " where a registry file is compiled (an artifact holds its own)"
-    command.add_argument("--separator", type=separator_text, default=default,
-                         help=f"the contract's separator{where}; \\n, \\t and \\\\ are read as escapes "
-                              "(default: ', ')")
+    from tooltrie.compiler.contract import add_separator_option
 
-
-def separator_text(text: str) -> str:
-    r"""``--separator``'s value: ``\n``, ``\t`` and ``\\`` typed in a shell are the characters they name.
-
-    >>> separator_text(r"\n"), separator_text(", "), separator_text(r"a\\nb")
-    ('\n', ', ', 'a\\nb')
-    """
-    escapes = {"n": "\n", "t": "\t", "\\": "\\"}
-    return re.sub(r"\\([nt\\])", lambda match: escapes[match.group(1)], text)
+    add_separator_option(command, default=default)
 
 
 def _compile(args: argparse.Namespace) -> int:

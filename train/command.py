@@ -25,10 +25,14 @@ _LORA = LoraSettings()
 
 def add_gen_data_command(commands: Any) -> None:
     """Add ``gen-data`` to the ``tooltrie`` subcommands (an ``argparse`` subparsers object)."""
+    from tooltrie.compiler.contract import add_separator_option
+
     gen = commands.add_parser("gen-data", help="regenerate training data from a registry and labelled queries")
-    gen.add_argument("--registry", type=Path, default=None, help="registry file (default: the bundled catalog)")
+    gen.add_argument("--registry", type=Path, default=None,
+                     help="registry file or compiled artifact (default: the bundled catalog)")
     gen.add_argument("--artifact", type=Path, default=None,
                      help="compiled artifact of that registry (default: compiled, through the cache)")
+    add_separator_option(gen)
     gen.add_argument("--tokenizer", default=None, help="tokenizer (default: the artifact's, else smollm2-135m)")
     gen.add_argument("--queries", action="append", default=None,
                      help=f"a bundled set ({', '.join(BUNDLED)}) or a JSONL file of {{query, tools}}; repeatable "
@@ -46,6 +50,8 @@ def add_gen_data_command(commands: Any) -> None:
 
 def add_train_command(commands: Any) -> None:
     """Add ``train`` to the ``tooltrie`` subcommands (an ``argparse`` subparsers object)."""
+    from tooltrie.compiler.contract import add_separator_option
+
     cmd = commands.add_parser("train", help="fine-tune the default model on training data: a small LoRA adapter",
                               description="Fine-tune a base model on the directory `tooltrie gen-data` wrote, and "
                                           "write a LoRA adapter (weights, peft config, tooltrie.json record).")
@@ -53,7 +59,9 @@ def add_train_command(commands: Any) -> None:
                      help="training data directory (train.jsonl, validation.jsonl, meta.json: tooltrie gen-data)")
     cmd.add_argument("-o", "--output", type=Path, required=True, help="adapter directory to write")
     cmd.add_argument("--registry", type=Path, default=None,
-                     help="the registry the data was made from (default: the bundled catalog)")
+                     help="the registry file or compiled artifact the data was made from (default: the bundled "
+                          "catalog)")
+    add_separator_option(cmd)
     cmd.add_argument("--base-model", default=None,
                      help="base model directory (default: SmolLM2-135M-Instruct, without any adapter)")
     cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the base model's)")
@@ -99,18 +107,19 @@ def settings_from_args(args: argparse.Namespace) -> TrainSettings:
 def run_train(args: argparse.Namespace) -> int:
     from transformers.utils import logging as transformers_logging
 
-    from tooltrie.compiler import TokenizerInfo, compile_cached
-    from tooltrie.registry import CATALOG_PATH, load_registry
+    from tooltrie.compiler import TokenizerInfo
+    from tooltrie.compiler.sources import artifact_from, registry_of
+    from tooltrie.registry import CATALOG_PATH
     from tooltrie.serve.model import DEFAULT_MODEL_NAME, load_model
     from tooltrie.train.data import load_training_data
     from tooltrie.train.trainer import train
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     settings = settings_from_args(args)
-    registry = load_registry(args.registry or CATALOG_PATH)
+    registry = registry_of(args.registry or CATALOG_PATH)  # a bad file is refused before the model loads
     model, info = load_model(args.base_model, adapter=False)
     tokenizer = TokenizerInfo.load(args.tokenizer or info.tokenizer)
-    artifact = compile_cached(registry, tokenizer)
+    artifact = artifact_from(args.registry or CATALOG_PATH, tokenizer, separator=args.separator)
     data = load_training_data(args.data, artifact)
     base_name = DEFAULT_MODEL_NAME if info.name == DEFAULT_MODEL_NAME else str(info.path.resolve())
     print(f"tooltrie train: {len(data.train)} training examples ({len(data.validation)} for validation) of "
@@ -132,7 +141,8 @@ def _gen_data(args: argparse.Namespace) -> int:
     from tooltrie.registry import CATALOG_PATH
     from tooltrie.train.training_data import generate_training_data
 
-    tokenizer, artifact = registry_and_artifact(args.registry, args.artifact, args.tokenizer, CATALOG_PATH)
+    tokenizer, artifact = registry_and_artifact(args.registry, args.artifact, args.tokenizer, CATALOG_PATH,
+                                                separator=args.separator)
     queries = args.queries
     if queries is None:  # the bundled sets labelled over this registry, if it is a bundled one
         queries = [name for name in BUNDLED if _sha(registry_path(name)) == artifact.registry.sha256]

@@ -1,0 +1,66 @@
+"""Commands that take a registry take what ``tooltrie compile`` makes: gen-data's training data follows the
+artifact's contract (its separator), from ``--registry ARTIFACT`` alone or from the registry with ``--separator``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tooltrie.cli import main
+from tooltrie.compiler import Artifact, TokenizerInfo
+from tooltrie.kernels import TrieMatcher
+
+NAMES = ["search, then summarize", "get_weather", "translate, detect language", "send_email"]
+QUERIES = [{"query": "What's the weather in Oslo?", "tools": ["get_weather"]},
+           {"query": "Look up the news and give me the gist, then mail it",
+            "tools": ["search, then summarize", "send_email"]}]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    folder = tmp_path_factory.mktemp("inputs")
+    registry = folder / "commas.jsonl"
+    registry.write_text("".join(json.dumps({"name": n, "description": f"does {n}"}) + "\n" for n in NAMES),
+                        encoding="utf-8")
+    queries = folder / "q.jsonl"
+    queries.write_text("".join(json.dumps(q) + "\n" for q in QUERIES), encoding="utf-8")
+    artifact = folder / "commas.trie.safetensors"
+    assert main(["compile", str(registry), "--separator", r"\n", "-o", str(artifact)]) == 0
+    return registry, queries, artifact
+
+
+@pytest.mark.parametrize("how", ["artifact-as-registry", "registry-with-separator", "registry-and-artifact"])
+def test_gen_data_follows_the_artifacts_contract(files: tuple[Path, Path, Path], tmp_path: Path, how: str) -> None:
+    registry, queries, artifact = files
+    given = {"artifact-as-registry": ["--registry", str(artifact)],
+             "registry-with-separator": ["--registry", str(registry), "--separator", r"\n"],
+             "registry-and-artifact": ["--registry", str(registry), "--artifact", str(artifact)]}[how]
+    out = tmp_path / "data"
+    assert main(["gen-data", *given, "--queries", str(queries), "--no-descriptions", "-o", str(out)]) == 0
+    records = [json.loads(line) for line in (out / "train.jsonl").read_text(encoding="utf-8").splitlines()]
+    records += [json.loads(line) for line in (out / "validation.jsonl").read_text(encoding="utf-8").splitlines()]
+    tokenizer = TokenizerInfo.load("smollm2-135m")
+    loaded = Artifact.load(artifact)
+    assert {tuple(r["tools"]) for r in records} == {tuple(q["tools"]) for q in QUERIES}
+    for record in records:
+        assert record["completion_ids"] == [*tokenizer.encode("\n".join(record["tools"])), tokenizer.eos_id]
+        assert 'separated by "\n"' in record["prompt"]
+        matcher = TrieMatcher(loaded, len(record["tools"]))
+        assert all(matcher.accept_token(t) for t in record["completion_ids"]) and matcher.is_terminated()
+
+
+def test_the_default_separator_refuses_these_names(files: tuple[Path, Path, Path], tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    registry, queries, _ = files
+    assert main(["gen-data", "--registry", str(registry), "--queries", str(queries), "-o", str(tmp_path / "d")]) == 2
+    assert "--separator '\\n'" in capsys.readouterr().err
+
+
+def test_an_artifact_keeps_its_own_separator(files: tuple[Path, Path, Path], tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    _, queries, artifact = files
+    assert main(["gen-data", "--registry", str(artifact), "--separator", "; ", "--queries", str(queries),
+                 "-o", str(tmp_path / "d")]) == 2
+    assert "compiled for contract" in capsys.readouterr().err
