@@ -18,6 +18,11 @@ QUERIES = [{"query": "What's the weather in Oslo?", "tools": ["get_weather"]},
             "tools": ["search, then summarize", "send_email"]}]
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOLTRIE_CACHE_DIR", str(tmp_path / "cache"))  # not the user's compile cache
+
+
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     folder = tmp_path_factory.mktemp("inputs")
