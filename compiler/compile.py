@@ -10,6 +10,7 @@ first split point for which every sampled answer decomposes exactly is kept; see
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 from collections.abc import Sequence
 
@@ -125,7 +126,7 @@ def name_problems(registry: Registry, tokenizer: TokenizerInfo, contract: Contra
             found.append(Problem.of(
                 tool, "special_token", f"tool name contains a special token of {tokenizer.source} (e.g. the stop "
                 f"token {tokenizer.eos_token!r}); it could end the answer early"))
-        elif text != tool.name and tool_id not in twin_of:  # e.g. characters the vocabulary has no bytes for are silently dropped
+        elif text != tool.name and tool_id not in twin_of:  # e.g. bytes the vocabulary lacks are silently dropped
             found.append(Problem.of(
                 tool, "round_trip", f"tool name does not survive {tokenizer.source}'s round trip: its tokens decode "
                 f"to {text!r}, so an answer naming it could not be parsed"))
@@ -231,7 +232,7 @@ class _Encoder:
         return self.tokenizer.flat_ids(self._encodings(texts, what))
 
     def _encodings(self, texts: list[str], what: str) -> list[Encoding]:
-        if not self.show_progress:
+        if not self.show_progress or importlib.util.find_spec("tqdm") is None:  # bars: the model extra's tqdm
             return self.tokenizer.encodings(texts)
         from tqdm import tqdm
 

@@ -100,6 +100,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             print(f"tooltrie {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:  # a part of an extra that is not installed: say which, and how
+        from tooltrie.extras import missing_extra_message
+
+        advice = missing_extra_message(exc.name)
+        if advice is None:
+            raise
+        print(f"tooltrie {args.command}: error: {advice}", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # e.g. `tooltrie inspect ... | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

@@ -1,0 +1,38 @@
+"""Which extra brings a missing module: a plain ``pip install tooltrie`` compiles, inspects and decodes (CPU); the
+model, serving, training, evaluation and CUDA parts are extras, and a missing one is named with its pip command.
+
+>>> print(missing_extra_message("torch"))
+torch is not installed: it comes with the 'model' extra: pip install 'tooltrie[model]'
+>>> missing_extra_message("numpy") is None  # a dependency of the plain install: nothing to advise
+True
+"""
+
+from __future__ import annotations
+
+# Top-level module -> the extra that installs it (see pyproject.toml).
+EXTRA_OF_MODULE = {
+    "torch": "model",
+    "transformers": "model",
+    "jinja2": "model",
+    "tqdm": "model",
+    "gguf": "model",
+    "accelerate": "model",
+    "fastapi": "serve",
+    "uvicorn": "serve",
+    "mcp": "serve",
+    "httpx": "serve",
+    "prometheus_client": "serve",
+    "peft": "train",
+    "matplotlib": "eval",
+    "xgrammar": "eval",
+    "numba_cuda": "cuda",
+    "vllm": "vllm",
+}
+
+
+def missing_extra_message(module: str | None) -> str | None:
+    """The advice for a missing ``module`` (as ``ModuleNotFoundError.name`` gives it), or None if no extra has it."""
+    extra = EXTRA_OF_MODULE.get((module or "").split(".")[0])
+    if extra is None:
+        return None
+    return f"{module} is not installed: it comes with the {extra!r} extra: pip install 'tooltrie[{extra}]'"
