@@ -58,7 +58,7 @@ def test_the_default_reproduces_its_held_out_answers(default: tuple[Any, Any]) -
 
 def test_make_train_remakes_the_default_with_the_settings_it_was_made_with() -> None:
     """``make train ADAPTER=serve/default_adapter`` passes the Makefile's TRAIN_OPTIONS: the shipped adapter's record
-    must name the same settings, or the README's recipe is not the one that made it."""
+    must name the same settings, or docs/training.md's recipe is not the one that made it."""
     line = next(line for line in MAKEFILE.read_text(encoding="utf-8").splitlines()
                 if line.startswith("TRAIN_OPTIONS ?="))
     parser = argparse.ArgumentParser()
