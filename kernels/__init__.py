@@ -1,7 +1,9 @@
 """Decoding under a compiled trie: the rules, the batched state, and the backends that apply them.
 
-Backends (one file each): ``reference`` (NumPy, row by row through ``rules.py``: the oracle) and ``cpu``
-(the same step compiled with Numba). ``step(..., backend="auto")`` picks the fastest available.
+Backends (one file each, ``BACKENDS``): ``reference`` (row by row through ``rules.py``: the oracle), ``cpu`` (the
+walk compiled with Numba) and ``cuda`` (the same walk as CUDA kernels; needs the ``cuda`` extra). ``TrieBatch``
+(``batch.py``) is the production path every consumer drives; ``step`` is one choice over a whole ``BatchState``
+(``backend="auto"``: the CPU's compiled walk).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tooltrie.compiler.artifact import Artifact
+from tooltrie.kernels.batch import BACKENDS, TrieBatch
 from tooltrie.kernels.bitmask import (
     allocate_token_bitmask,
     apply_token_bitmask_inplace,
@@ -39,7 +42,7 @@ def _cpu() -> StepFn:
     return cpu_step
 
 
-BACKENDS: dict[str, Callable[[], StepFn]] = {"reference": _reference, "cpu": _cpu}
+_STEPS: dict[str, Callable[[], StepFn]] = {"reference": _reference, "cpu": _cpu}
 
 
 def step(artifact: Artifact, state: BatchState, logits: Any, *, backend: str = "auto", **options: Any
@@ -50,15 +53,16 @@ def step(artifact: Artifact, state: BatchState, logits: Any, *, backend: str = "
 
 @functools.cache
 def _backend(name: str) -> StepFn:
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; choose from {['auto', *BACKENDS]}")
-    return BACKENDS[name]()
+    if name not in _STEPS:
+        raise ValueError(f"unknown backend {name!r}; choose from {['auto', *_STEPS]}")
+    return _STEPS[name]()
 
 
 __all__ = [
     "BACKENDS",
     "BatchState",
     "Status",
+    "TrieBatch",
     "TrieMatcher",
     "VocabMap",
     "allocate_token_bitmask",

@@ -1,10 +1,8 @@
-"""The CPU backend: the mask walk of ``kernels/walk.py`` compiled with Numba, a loop over the batch.
+"""The CPU backend: the walk of ``kernels/walk.py`` compiled with Numba, one call per operation on the whole batch.
 
-Same semantics as ``kernels/reference.py`` (tested against it). It reads only the legal tokens' scores, never the
-whole row: with ``hidden`` and an output embedding ``W`` instead of logits it is the sparse head, computing
-``hidden[row] . W[token]`` for the legal tokens alone. With ``stats=`` (float64 ``[B, 3]``) a step also writes
-each row's best value, runner-up value and log-sum-exp over its candidates (``kernels/walk.py``, ``put_stats``):
-what a decision's score needs, without recomputing the legal logits.
+Same semantics as ``kernels/reference.py`` (tested against it). A choice reads only the legal tokens' scores, never
+the whole row: with ``hidden`` and an output embedding ``W`` instead of logits it is the sparse head, computing
+``hidden[row] . W[token]`` for the legal tokens alone. The state is the host's ``BatchState``; nothing is copied.
 """
 
 from __future__ import annotations
@@ -18,39 +16,100 @@ from tooltrie.compiler.artifact import Artifact
 from tooltrie.errors import DecodeError
 from tooltrie.kernels.state import BatchState
 from tooltrie.kernels.vocab import VocabMap, check_step_inputs
-from tooltrie.kernels.walk import step_rows
+from tooltrie.kernels.walk import accept_rows, choose_rows, fill_rows, forced_rows, mask_rows
+
+TRIE_FIELDS = ("node_edge_start", "edge_token", "edge_child", "edge_tool_count", "node_tool", "trie_root",
+               "phase_trie", "tool_path_start", "tool_path_edges")
+
+# The bit pattern of -inf in each float dtype, as an integer of the same width (a mask writes these).
+MINUS_INF_BITS = {"float32": (np.int32, -8388608), "float16": (np.int16, -1024), "bfloat16": (np.int16, -128)}
 
 
-def step(artifact: Artifact, state: BatchState, logits: Any, *, reasoning_end_id: int | None = None,
-         vocab: VocabMap | None = None, stats: npt.NDArray[np.float64] | None = None) -> npt.NDArray[np.int32]:
-    """One step for the whole batch; advances ``state`` in place and returns the chosen full token ids.
-    ``stats`` (float64 ``[B, 3]``, optional) receives (best, runner-up, log-sum-exp) per row."""
-    scores = as_numpy_scores(logits)
-    return _run(artifact, state, scores, None, scores.shape[0], scores.shape[1], reasoning_end_id, vocab, stats)
+class Outputs:
+    """What a choice writes, one row per score row: the chosen full token (-1: none), the statistics a score needs
+    (float64 ``[n, 3]``: best, runner-up, log-sum-exp; NaN for rows that took no step), the decision counts
+    (int32 ``[n, 3]``, ``walk.put_decision``) and the forced run after the choice (``forced [n, width]``, its length
+    in ``n_forced``). Allocated by the backend, where its arrays live."""
+
+    def __init__(self, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any) -> None:
+        self.chosen, self.stats, self.decision, self.forced, self.n_forced = chosen, stats, decision, forced, n_forced
 
 
-def sparse_step(artifact: Artifact, state: BatchState, hidden: Any, output_embedding: Any, *,
-                reasoning_end_id: int | None = None, vocab: VocabMap | None = None,
-                stats: npt.NDArray[np.float64] | None = None) -> npt.NDArray[np.int32]:
-    """One step from final hidden states ``[B, H]`` and the output embedding ``W [V, H]``: only the rows of
-    ``W`` for legal tokens are multiplied (rows without a grammar still need the whole head).
+class CpuBackend:
+    """Every operation of ``kernels/batch.py``'s backend protocol, compiled for the CPU."""
 
-    >>> import numpy as np
-    >>> from tooltrie.compiler import TokenizerInfo, compile_registry
-    >>> from tooltrie.registry import make_registry
-    >>> artifact = compile_registry(make_registry([{"name": "get"}, {"name": "set"}], name="doc"),
-    ...                             TokenizerInfo.load("gpt2"))
-    >>> state = BatchState.start(artifact, [1])
-    >>> weights = np.zeros((50257, 2), np.float32); weights[1136, 0] = 2.0  # "get": 2, "set" and the rest: 0
-    >>> stats = np.empty((1, 3))
-    >>> sparse_step(artifact, state, np.ones((1, 2), np.float32), weights, stats=stats).tolist()
-    [1136]
-    >>> stats.round(4).tolist()  # best, runner-up, log(e**2 + e**0) over the two legal tokens
-    [[2.0, 0.0, 2.1269]]
-    """
-    weights, hidden_states = as_numpy_scores(output_embedding), as_numpy_scores(hidden)
-    return _run(artifact, state, weights, hidden_states, hidden_states.shape[0], weights.shape[0], reasoning_end_id,
-                vocab, stats)
+    name = "cpu"
+
+    def __init__(self, artifact: Artifact, *, reasoning_end_id: int | None = None) -> None:
+        trie = artifact.trie
+        self.artifact = artifact
+        self.trie = tuple(np.ascontiguousarray(getattr(trie, name)) for name in TRIE_FIELDS)
+        self.n_tools, self.eos_id = trie.n_tools, artifact.eos_id
+        self.reasoning_end_id = -1 if reasoning_end_id is None else reasoning_end_id
+
+    # The state lives on the host: nothing to copy either way.
+    def sync(self, state: BatchState, rows: Any) -> None:
+        pass
+
+    def fetch(self, state: BatchState) -> None:
+        pass
+
+    def bitmask(self, shape: tuple[int, int]) -> npt.NDArray[np.int32]:
+        return np.empty(shape, dtype=np.int32)
+
+    def outputs(self, n_rows: int, *, forced_width: int) -> Outputs:
+        return Outputs(np.empty(n_rows, np.int32), np.empty((n_rows, 3)), np.empty((n_rows, 3), np.int32),
+                       np.empty((n_rows, forced_width), np.int32), np.empty(n_rows, np.int32))
+
+    def accept(self, state: BatchState, rows: npt.NDArray[np.int32], tokens: npt.NDArray[np.int32],
+               n_tokens: npt.NDArray[np.int32]) -> None:
+        accept_rows(self.trie, self.n_tools, self.eos_id, self.reasoning_end_id, state.table, state.counts,
+                    state.allowed, rows, tokens, n_tokens)
+
+    def follow_forced(self, state: BatchState, rows: npt.NDArray[np.int32], out: Outputs) -> None:
+        forced_rows(self.trie, self.n_tools, self.eos_id, state.table, state.counts, state.allowed, rows, out.forced,
+                    out.n_forced)
+
+    def fill_bitmask(self, state: BatchState, rows: npt.NDArray[np.int32], bitmask: npt.NDArray[np.int32]) -> None:
+        fill_rows(self.trie, self.n_tools, self.eos_id, state.table, state.counts, state.allowed, rows, bitmask)
+
+    def mask_logits_(self, state: BatchState, rows: npt.NDArray[np.int32], logits: Any, bitmask: Any) -> None:
+        self.fill_bitmask(state, rows, bitmask)
+        bits, minus_inf = logits_bits(logits)
+        mask_rows(bitmask, rows, bits, minus_inf)
+
+    def choose(self, state: BatchState, rows: npt.NDArray[np.int32], scores: Any, hidden: Any,
+               vocab: VocabMap | None, out: Outputs) -> None:
+        """Logits ``[n, V]`` (``hidden`` None) or hidden states ``[n, H]`` with ``scores`` the output embedding."""
+        scores = as_numpy_scores(scores)
+        if hidden is not None:
+            hidden = as_numpy_scores(hidden)
+        n_cols = scores.shape[0] if hidden is not None else scores.shape[1]
+        vocab = vocab or VocabMap.identity(n_cols)
+        check_step_inputs(self.artifact, len(rows), scores.shape[0] if hidden is None else hidden.shape[0], n_cols,
+                          vocab)
+        check_stats(out.stats, len(rows))
+        choose_rows(self.trie, self.n_tools, self.eos_id, self.reasoning_end_id, state.table, state.counts,
+                    state.allowed, rows, scores, hidden, n_cols, vocab.full_to_output, vocab.output_to_full,
+                    out.chosen, out.stats, out.decision, out.forced, out.n_forced)
+
+
+def logits_bits(logits: Any) -> tuple[npt.NDArray[Any], int]:
+    """A writable integer view of CPU logits (float32, float16 or bfloat16; NumPy or torch) and the bit pattern of
+    -inf in their dtype: one mask routine for every float width."""
+    if isinstance(logits, np.ndarray):
+        if logits.dtype.name not in MINUS_INF_BITS:
+            raise DecodeError(f"logits must be float32 or float16, got {logits.dtype}")
+        int_type, minus_inf = MINUS_INF_BITS[logits.dtype.name]
+        return logits.view(int_type), minus_inf
+    import torch
+
+    name = str(logits.dtype).removeprefix("torch.")
+    if name not in MINUS_INF_BITS or logits.device.type != "cpu":
+        raise DecodeError(f"the CPU backend masks float32/float16/bfloat16 CPU logits, got {logits.dtype} on "
+                          f"{logits.device}")
+    int_type, minus_inf = MINUS_INF_BITS[name]
+    return logits.view(torch.int32 if int_type is np.int32 else torch.int16).numpy(), minus_inf
 
 
 def as_numpy_scores(values: Any) -> npt.NDArray[Any]:
@@ -72,21 +131,46 @@ def check_stats(stats: Any, n_slots: int) -> None:
         raise DecodeError(f"stats must be float64 [{n_slots}, 3], got {stats.dtype} {tuple(stats.shape)}")
 
 
-_NO_STATS = np.zeros((0, 3), dtype=np.float64)
+def no_rows(*shape: int, dtype: Any = np.int32) -> npt.NDArray[Any]:
+    """An output that is not wanted: no rows."""
+    return np.zeros((0, *shape), dtype=dtype)
 
 
-def _run(artifact: Artifact, state: BatchState, scores: npt.NDArray[Any], hidden: npt.NDArray[Any] | None,
-         n_rows: int, n_cols: int, reasoning_end_id: int | None, vocab: VocabMap | None,
-         stats: npt.NDArray[np.float64] | None) -> npt.NDArray[np.int32]:
-    vocab = vocab or VocabMap.identity(n_cols)
-    check_step_inputs(artifact, len(state), n_rows, n_cols, vocab)
-    stats = _NO_STATS if stats is None else stats
-    check_stats(stats, len(state))
-    trie = artifact.trie
-    chosen = np.empty(len(state), dtype=np.int32)
-    step_rows(trie.node_edge_start, trie.edge_token, trie.edge_child, trie.edge_tool_count, trie.node_tool,
-               trie.trie_root, trie.phase_trie, trie.tool_path_start, trie.tool_path_edges, trie.n_tools,
-               artifact.eos_id, -1 if reasoning_end_id is None else reasoning_end_id, state.table, state.counts,
-               state.allowed, scores, hidden,
-               n_cols, vocab.full_to_output, vocab.output_to_full, chosen, stats)
-    return chosen
+def step(artifact: Artifact, state: BatchState, logits: Any, *, reasoning_end_id: int | None = None,
+         vocab: VocabMap | None = None, stats: npt.NDArray[np.float64] | None = None) -> npt.NDArray[np.int32]:
+    """One step for the whole batch (score row i is state row i): advances ``state`` in place and returns the
+    chosen full token ids (-1 for rows that are not running). ``stats`` (float64 ``[B, 3]``, optional) receives
+    (best, runner-up, log-sum-exp) per row."""
+    return _step(artifact, state, logits, None, reasoning_end_id, vocab, stats)
+
+
+def sparse_step(artifact: Artifact, state: BatchState, hidden: Any, output_embedding: Any, *,
+                reasoning_end_id: int | None = None, vocab: VocabMap | None = None,
+                stats: npt.NDArray[np.float64] | None = None) -> npt.NDArray[np.int32]:
+    """One step from final hidden states ``[B, H]`` and the output embedding ``W [V, H]``: only the rows of
+    ``W`` for legal tokens are multiplied (rows without a grammar still need the whole head).
+
+    >>> import numpy as np
+    >>> from tooltrie.compiler import TokenizerInfo, compile_registry
+    >>> from tooltrie.registry import make_registry
+    >>> artifact = compile_registry(make_registry([{"name": "get"}, {"name": "set"}], name="doc"),
+    ...                             TokenizerInfo.load("gpt2"))
+    >>> state = BatchState.start(artifact, [1])
+    >>> weights = np.zeros((50257, 2), np.float32); weights[1136, 0] = 2.0  # "get": 2, "set" and the rest: 0
+    >>> stats = np.empty((1, 3))
+    >>> sparse_step(artifact, state, np.ones((1, 2), np.float32), weights, stats=stats).tolist()
+    [1136]
+    >>> stats.round(4).tolist()  # best, runner-up, log(e**2 + e**0) over the two legal tokens
+    [[2.0, 0.0, 2.1269]]
+    """
+    return _step(artifact, state, output_embedding, hidden, reasoning_end_id, vocab, stats)
+
+
+def _step(artifact: Artifact, state: BatchState, scores: Any, hidden: Any, reasoning_end_id: int | None,
+          vocab: VocabMap | None, stats: npt.NDArray[np.float64] | None) -> npt.NDArray[np.int32]:
+    backend = CpuBackend(artifact, reasoning_end_id=reasoning_end_id)
+    rows = np.arange(len(state), dtype=np.int32)
+    out = Outputs(np.empty(len(state), np.int32), no_rows(3, dtype=np.float64) if stats is None else stats,
+                  no_rows(3), no_rows(0), no_rows())
+    backend.choose(state, rows, scores, hidden, vocab, out)
+    return out.chosen

@@ -1,20 +1,24 @@
-"""The CUDA backend: one launch per decode step for the whole batch; the host never walks the trie.
+"""The CUDA backend: every operation of ``kernels/batch.py`` is one launch for the whole batch, on state that lives
+on the device; the host never walks the trie.
 
-Placement. When the trie's arrays fit the constant-memory budget (``CONSTANT_MEMORY_BUDGET``, below the 64 KiB a
-module may hold) they are captured as constants of a kernel compiled for that artifact: Numba puts a closure's
-NumPy arrays in constant memory when the kernel is compiled. Constant memory is per compiled module, so each
-artifact gets its own kernel (a factory cached by artifact hash) and two grammars can never overwrite each
-other. Larger tries are passed as global-memory arrays to one shared kernel.
+The trie. Its nine arrays are packed into one int32 buffer (``pack_trie``); a kernel unpacks views of it
+(``offsets`` says where each array starts). When the buffer fits the constant-memory budget
+(``CONSTANT_MEMORY_BUDGET``, below the 64 KiB a module may hold) it is captured as a constant of kernels compiled
+for that artifact: Numba puts a closure's NumPy arrays in constant memory when the kernel is compiled. Constant
+memory is per compiled module, so each artifact gets its own kernels (a factory cached by artifact hash) and two
+grammars can never overwrite each other. Larger tries live in global memory, read by one set of kernels shared by
+all artifacts.
 
-Layouts. ``warp`` (the default): a block of one warp per slot; the lanes split the candidate tokens, each keeps
-its best, and a shared-memory tree reduction under the total order (score desc, token asc) picks the winner, so
-the result never depends on thread timing; lane 0 advances the slot. ``thread``: a thread per slot walking its
-candidates alone; its constant-memory reads broadcast while slots sit at the same node, but the candidates'
-score reads are serial. ``bench/bench_kernel.py`` measures both.
+Layouts of a choice. ``warp`` (the default): a block of one warp per row; the lanes split the candidate tokens,
+each keeps its best, and a shared-memory tree reduction under the total order (score desc, token asc) picks the
+winner, so the result never depends on thread timing; lane 0 advances the row and follows the forced run.
+``thread``: a thread per row walking its candidates alone. ``bench/bench_kernel.py`` measures both. Accepting
+tokens and forced runs take a thread per row; a mask takes a block per row (the lanes clear the row's words, lane 0
+sets the legal bits), then one thread per logit writes -inf where a bit is clear.
 
-Inputs come as the model makes them: torch CUDA tensors (or CuPy arrays) through ``__cuda_array_interface__``,
-zero-copy, launched on torch's current stream; float32/float16 logits as they are, bfloat16 viewed as int16
-bits (``kernels/walk.py`` orders them exactly, with no conversion pass).
+Inputs come as the model makes them: torch CUDA tensors or CuPy arrays through ``__cuda_array_interface__``,
+zero-copy, launched on torch's current stream; float32/float16 logits as they are, bfloat16 viewed as int16 bits
+(``kernels/walk.py`` orders them exactly, with no conversion pass; a mask writes -inf's bits).
 """
 
 from __future__ import annotations
@@ -29,37 +33,56 @@ from numba import config, cuda
 
 from tooltrie.compiler.artifact import CONSTANT_MEMORY_BUDGET, Artifact
 from tooltrie.kernels import walk
-from tooltrie.kernels.cpu import check_stats
-from tooltrie.kernels.state import RUNNING, STATUS
+from tooltrie.kernels.cpu import MINUS_INF_BITS, TRIE_FIELDS, Outputs, check_stats
+from tooltrie.kernels.state import RUNNING, STATUS, BatchState
 from tooltrie.kernels.vocab import VocabMap, check_step_inputs
 
 if config.ENABLE_CUDASIM:  # the simulator runs Python: give it the walk as Python too
     walk = walk.python_twin()
-beats, best_move, best_plain, is_plain, plain_excluded, take_move, take_plain = (
-    walk.beats, walk.best_move, walk.best_plain, walk.is_plain, walk.plain_excluded, walk.take_move, walk.take_plain)
+accept_token, beats, best_move, best_plain, follow_forced = (
+    walk.accept_token, walk.beats, walk.best_move, walk.best_plain, walk.follow_forced)
+is_plain, mark_legal, or_bits, plain_excluded = walk.is_plain, walk.mark_legal, walk.or_bits, walk.plain_excluded
+put_decision, take_move, take_plain = walk.put_decision, walk.take_move, walk.take_plain
 lse_merge, no_stats, put_stats = walk.lse_merge, walk.no_stats, walk.put_stats
 
 LOG = logging.getLogger(__name__)
 WARP = 32
 LAYOUTS = ("warp", "thread")
-THREADS_PER_BLOCK = 128  # thread layout: slots per block
+THREADS_PER_BLOCK = 128  # thread layout: rows per block
 _KERNEL_CACHE_SIZE = 16
-_LAUNCHES_CACHED = 256  # configured launches per stepper: (grid, block, stream) kinds seen
+_LAUNCHES_CACHED = 256  # configured launches per backend: (kernel, grid, block, stream) kinds seen
 _kernels: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
 
-TRIE_FIELDS = ("node_edge_start", "edge_token", "edge_child", "edge_tool_count", "node_tool", "trie_root",
-               "phase_trie", "tool_path_start", "tool_path_edges")
+
+def pack_trie(arrays: dict[str, np.ndarray[Any, Any]]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """The trie's arrays as one int32 buffer, and the offsets where each starts (``len(TRIE_FIELDS) + 1``)."""
+    parts = [np.ascontiguousarray(arrays[name], dtype=np.int32) for name in TRIE_FIELDS]
+    offsets = np.zeros(len(parts) + 1, dtype=np.int32)
+    offsets[1:] = np.cumsum([len(part) for part in parts])
+    return np.concatenate(parts), offsets
 
 
 @cuda.jit(device=True)
-def _warp_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any,
-              scores: Any, hidden: Any, n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any,
-              stats: Any) -> None:
-    row, lane = cuda.blockIdx.x, cuda.threadIdx.x
-    if table[row, STATUS] != RUNNING:  # uniform across the block: every lane leaves together
+def _unpack(buffer: Any, offsets: Any) -> Any:
+    return (buffer[offsets[0]:offsets[1]], buffer[offsets[1]:offsets[2]], buffer[offsets[2]:offsets[3]],
+            buffer[offsets[3]:offsets[4]], buffer[offsets[4]:offsets[5]], buffer[offsets[5]:offsets[6]],
+            buffer[offsets[6]:offsets[7]], buffer[offsets[7]:offsets[8]], buffer[offsets[8]:offsets[9]])
+
+
+# -- the row functions (device code, written once for both placements) ----------------------------------------------
+
+@cuda.jit(device=True)
+def _warp_choice(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any,
+                 allowed: Any, rows: Any, scores: Any, hidden: Any, n_cols: int, full_to_output: Any,
+                 output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any) -> None:
+    srow, lane = cuda.blockIdx.x, cuda.threadIdx.x
+    row = rows[srow]
+    if row < 0 or table[row, STATUS] != RUNNING:  # uniform across the block: every lane leaves together
         if lane == 0:
-            chosen[row] = -1
-            no_stats(stats, row)
+            chosen[srow] = -1
+            no_stats(stats, srow)
+            if n_forced.shape[0] > 0:
+                n_forced[srow] = 0
         return
     s_value = cuda.shared.array(WARP, dtype=np.float64)
     s_token = cuda.shared.array(WARP, dtype=np.int64)
@@ -68,18 +91,22 @@ def _warp_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table
     s_runner_up = cuda.shared.array(WARP, dtype=np.float64)
     s_lse_max = cuda.shared.array(WARP, dtype=np.float64)
     s_lse_sum = cuda.shared.array(WARP, dtype=np.float64)
+    s_legal = cuda.shared.array(WARP, dtype=np.int32)
+    s_continue = cuda.shared.array(WARP, dtype=np.int32)
     with_stats = stats.shape[0] > 0  # uniform across the block
     plain = is_plain(table, row)
     if plain:
         value, token, runner_up, lse_max, lse_sum = best_plain(
-            row, lane, WARP, n_cols, scores, hidden, output_to_full, plain_excluded(table, row, eos_id), with_stats)
-        kind, edge = -1, -1
+            row, srow, lane, WARP, n_cols, scores, hidden, output_to_full, plain_excluded(table, row, eos_id),
+            with_stats)
+        kind, edge, n_legal, n_continue = -1, -1, 0, 0
     else:
-        value, token, kind, edge, runner_up, lse_max, lse_sum = best_move(
-            row, lane, WARP, trie, n_tools, eos_id, table, counts, allowed, scores, hidden, full_to_output,
+        value, token, kind, edge, runner_up, lse_max, lse_sum, n_legal, n_continue = best_move(
+            row, srow, lane, WARP, trie, n_tools, eos_id, table, counts, allowed, scores, hidden, full_to_output,
             with_stats)
     s_value[lane], s_token[lane], s_kind[lane], s_edge[lane] = value, token, kind, edge
     s_runner_up[lane], s_lse_max[lane], s_lse_sum[lane] = runner_up, lse_max, lse_sum
+    s_legal[lane], s_continue[lane] = n_legal, n_continue
     cuda.syncthreads()
     width = WARP // 2
     while width > 0:  # a fixed tree: the same inputs always merge in the same order (deterministic sums)
@@ -91,76 +118,172 @@ def _warp_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table
                 s_runner_up[lane] = max(max(s_runner_up[lane], s_runner_up[other]), losing)
                 s_lse_max[lane], s_lse_sum[lane] = lse_merge(s_lse_max[lane], s_lse_sum[lane], s_lse_max[other],
                                                              s_lse_sum[other])
+            s_legal[lane] += s_legal[other]
+            s_continue[lane] += s_continue[other]
             if other_wins:
                 s_value[lane], s_token[lane], s_kind[lane], s_edge[lane] = (
                     s_value[other], s_token[other], s_kind[other], s_edge[other])
         cuda.syncthreads()
         width //= 2
     if lane == 0:
-        put_stats(stats, row, s_value[0], s_runner_up[0], s_lse_max[0], s_lse_sum[0])
+        put_stats(stats, srow, s_value[0], s_runner_up[0], s_lse_max[0], s_lse_sum[0])
+        chosen[srow] = s_token[0]
         if plain:
-            take_plain(row, s_token[0], eos_id, reasoning_end_id, table, chosen)
+            take_plain(row, s_token[0], eos_id, reasoning_end_id, table)
         else:
-            take_move(row, s_token[0], s_kind[0], s_edge[0], trie, table, chosen)
+            put_decision(decision, srow, table, row, s_legal[0], s_continue[0])
+            take_move(row, s_token[0], s_kind[0], s_edge[0], trie, table)
+        follow_forced(row, srow, trie, n_tools, eos_id, table, counts, allowed, forced, n_forced)
 
 
 @cuda.jit(device=True)
-def _thread_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any,
-                scores: Any, hidden: Any, n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any,
-                stats: Any) -> None:
-    row = cuda.grid(1)
-    if row >= table.shape[0]:
+def _thread_choice(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any,
+                   allowed: Any, rows: Any, scores: Any, hidden: Any, n_cols: int, full_to_output: Any,
+                   output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any) -> None:
+    srow = cuda.grid(1)
+    if srow >= rows.shape[0]:
         return
+    row = rows[srow]
+    chosen[srow] = -1
+    if n_forced.shape[0] > 0:
+        n_forced[srow] = 0
     with_stats = stats.shape[0] > 0
-    if table[row, STATUS] != RUNNING:
-        chosen[row] = -1
-        no_stats(stats, row)
-    elif is_plain(table, row):
+    if row < 0 or table[row, STATUS] != RUNNING:
+        no_stats(stats, srow)
+        return
+    if is_plain(table, row):
         value, token, runner_up, lse_max, lse_sum = best_plain(
-            row, 0, 1, n_cols, scores, hidden, output_to_full, plain_excluded(table, row, eos_id), with_stats)
-        put_stats(stats, row, value, runner_up, lse_max, lse_sum)
-        take_plain(row, token, eos_id, reasoning_end_id, table, chosen)
+            row, srow, 0, 1, n_cols, scores, hidden, output_to_full, plain_excluded(table, row, eos_id), with_stats)
+        put_stats(stats, srow, value, runner_up, lse_max, lse_sum)
+        chosen[srow] = token
+        take_plain(row, token, eos_id, reasoning_end_id, table)
     else:
-        value, token, kind, edge, runner_up, lse_max, lse_sum = best_move(
-            row, 0, 1, trie, n_tools, eos_id, table, counts, allowed, scores, hidden, full_to_output, with_stats)
-        put_stats(stats, row, value, runner_up, lse_max, lse_sum)
-        take_move(row, token, kind, edge, trie, table, chosen)
+        value, token, kind, edge, runner_up, lse_max, lse_sum, n_legal, n_continue = best_move(
+            row, srow, 0, 1, trie, n_tools, eos_id, table, counts, allowed, scores, hidden, full_to_output,
+            with_stats)
+        put_stats(stats, srow, value, runner_up, lse_max, lse_sum)
+        put_decision(decision, srow, table, row, n_legal, n_continue)
+        chosen[srow] = token
+        take_move(row, token, kind, edge, trie, table)
+    follow_forced(row, srow, trie, n_tools, eos_id, table, counts, allowed, forced, n_forced)
 
 
-_ROW_FUNCTIONS = {"warp": _warp_row, "thread": _thread_row}
+_CHOICES = {"warp": _warp_choice, "thread": _thread_choice}
 
 
-def make_constant_kernel(arrays: dict[str, np.ndarray[Any, Any]], layout: str) -> Any:
-    """A kernel with this trie's arrays baked into its constant memory (one module per grammar)."""
-    row_function = _ROW_FUNCTIONS[layout]
-    nes, et, ec, etc, nt, tr, pt, tps, tpe = (np.ascontiguousarray(arrays[name]) for name in TRIE_FIELDS)
+@cuda.jit(device=True)
+def _accept_row(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any,
+                rows: Any, tokens: Any, n_tokens: Any) -> None:
+    i = cuda.grid(1)
+    if i < rows.shape[0] and rows[i] >= 0:
+        for j in range(n_tokens[i]):
+            accept_token(rows[i], tokens[i, j], trie, n_tools, eos_id, reasoning_end_id, table, counts, allowed)
+
+
+@cuda.jit(device=True)
+def _forced_row(trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any, rows: Any, forced: Any,
+                n_forced: Any) -> None:
+    i = cuda.grid(1)
+    if i < rows.shape[0]:
+        if rows[i] >= 0:
+            follow_forced(rows[i], i, trie, n_tools, eos_id, table, counts, allowed, forced, n_forced)
+        elif n_forced.shape[0] > 0:
+            n_forced[i] = 0
+
+
+@cuda.jit(device=True)
+def _fill_row(trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any, rows: Any,
+              bitmask: Any) -> None:
+    """Block ``i`` fills ``bitmask[i]`` (see ``walk.fill_rows`` for what each row gets)."""
+    i, lane = cuda.blockIdx.x, cuda.threadIdx.x
+    row = rows[i]
+    if row < 0:
+        return
+    running = table[row, STATUS] == RUNNING
+    plain = running and is_plain(table, row)
+    fill = -1 if plain else 0
+    for word in range(lane, bitmask.shape[1], cuda.blockDim.x):
+        bitmask[i, word] = fill
+    cuda.syncthreads()
+    if lane == 0:
+        if plain:
+            if table[row, walk.CONSTRAINED] != 0:
+                bitmask[i, eos_id >> 5] &= ~(np.int32(1) << np.int32(eos_id & 31))
+            return
+        if running and mark_legal(row, i, trie, n_tools, eos_id, table, counts, allowed, bitmask) == 0:
+            table[row, STATUS] = walk.ERROR
+            running = False
+        if not running:
+            or_bits(bitmask, i, eos_id)
+
+
+@cuda.jit
+def _mask_kernel(bitmask: Any, rows: Any, logits_bits: Any, minus_inf: int) -> None:
+    """``logits_bits[i, col] = minus_inf`` where the bit of ``col`` is clear (or past the bitmask), for ours."""
+    i, first = cuda.grid(2)
+    if i < rows.shape[0] and rows[i] >= 0:
+        for col in range(first, logits_bits.shape[1], cuda.gridsize(2)[1]):
+            word = col >> 5
+            if word >= bitmask.shape[1] or (bitmask[i, word] >> (col & 31)) & 1 == 0:
+                logits_bits[i, col] = minus_inf
+
+
+def make_kernels(arrays: dict[str, np.ndarray[Any, Any]] | None, layout: str) -> dict[str, Any]:
+    """The kernels of one placement: with ``arrays``, that trie baked into constant memory (one module per
+    grammar); without, the trie comes at launch as a global-memory buffer and its offsets (any size, shared)."""
+    choice_row = _CHOICES[layout]
+    if arrays is None:
+        load = _unpack
+    else:
+        packed, packed_offsets = pack_trie(arrays)
+
+        @cuda.jit(device=True)
+        def load(buffer: Any, offsets: Any) -> Any:
+            return _unpack(cuda.const.array_like(packed), cuda.const.array_like(packed_offsets))
 
     @cuda.jit
-    def constant_kernel(n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any,
-                        scores: Any, hidden: Any, n_cols: int, full_to_output: Any, output_to_full: Any,
-                        chosen: Any, stats: Any) -> None:
-        trie = (cuda.const.array_like(nes), cuda.const.array_like(et), cuda.const.array_like(ec),
-                cuda.const.array_like(etc), cuda.const.array_like(nt), cuda.const.array_like(tr),
-                cuda.const.array_like(pt), cuda.const.array_like(tps), cuda.const.array_like(tpe))
-        row_function(trie, n_tools, eos_id, reasoning_end_id, table, counts, allowed, scores, hidden, n_cols,
-                     full_to_output, output_to_full, chosen, stats)
-
-    return constant_kernel
-
-
-def make_global_kernel(layout: str) -> Any:
-    """A kernel reading the trie from global-memory arrays passed at launch (any size, shared by all)."""
-    row_function = _ROW_FUNCTIONS[layout]
+    def choose(buffer: Any, offsets: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any,
+               allowed: Any, rows: Any, scores: Any, hidden: Any, n_cols: int, full_to_output: Any,
+               output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any) -> None:
+        choice_row(load(buffer, offsets), n_tools, eos_id, reasoning_end_id, table, counts, allowed, rows, scores,
+                   hidden, n_cols, full_to_output, output_to_full, chosen, stats, decision, forced, n_forced)
 
     @cuda.jit
-    def global_kernel(nes: Any, et: Any, ec: Any, etc: Any, nt: Any, tr: Any, pt: Any, tps: Any, tpe: Any,
-                      n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any,
-                      scores: Any, hidden: Any, n_cols: int, full_to_output: Any, output_to_full: Any,
-                      chosen: Any, stats: Any) -> None:
-        row_function((nes, et, ec, etc, nt, tr, pt, tps, tpe), n_tools, eos_id, reasoning_end_id, table, counts,
-                     allowed, scores, hidden, n_cols, full_to_output, output_to_full, chosen, stats)
+    def accept(buffer: Any, offsets: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any,
+               allowed: Any, rows: Any, tokens: Any, n_tokens: Any) -> None:
+        _accept_row(load(buffer, offsets), n_tools, eos_id, reasoning_end_id, table, counts, allowed, rows, tokens,
+                    n_tokens)
 
-    return global_kernel
+    @cuda.jit
+    def forced(buffer: Any, offsets: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any,
+               rows: Any, forced: Any, n_forced: Any) -> None:
+        _forced_row(load(buffer, offsets), n_tools, eos_id, table, counts, allowed, rows, forced, n_forced)
+
+    @cuda.jit
+    def fill(buffer: Any, offsets: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any, rows: Any,
+             bitmask: Any) -> None:
+        _fill_row(load(buffer, offsets), n_tools, eos_id, table, counts, allowed, rows, bitmask)
+
+    return {"choose": choose, "accept": accept, "forced": forced, "fill": fill}
+
+
+@cuda.jit
+def _zero_counts(counts: Any, rows: Any) -> None:
+    i, edge = cuda.grid(2)
+    if i < rows.shape[0] and edge < counts.shape[1]:
+        counts[rows[i], edge] = 0
+
+
+@cuda.jit
+def _count_subset_paths(tool_path_start: Any, tool_path_edges: Any, n_tools: int, n_tries: int, allowed: Any,
+                        rows: Any, counts: Any) -> None:
+    """Each allowed tool adds one to every edge on its paths (one per trie): ``edge_tool_count`` of the subset."""
+    i, tool = cuda.grid(2)
+    if i < rows.shape[0] and tool < n_tools and allowed[rows[i], tool] != 0:
+        for trie in range(n_tries):
+            path = trie * n_tools + tool
+            for j in range(tool_path_start[path], tool_path_start[path + 1]):
+                cuda.atomic.add(counts, (rows[i], tool_path_edges[j]), 1)
 
 
 @cuda.jit
@@ -170,44 +293,29 @@ def _gather_rows(old_table: Any, order: Any, new_table: Any) -> None:
         new_table[row, column] = old_table[order[row], column]
 
 
-@cuda.jit
-def _zero_counts(counts: Any) -> None:
-    row, edge = cuda.grid(2)
-    if row < counts.shape[0] and edge < counts.shape[1]:
-        counts[row, edge] = 0
-
-
-@cuda.jit
-def _count_subset_paths(tool_path_start: Any, tool_path_edges: Any, n_tools: int, n_tries: int, allowed: Any,
-                        counts: Any) -> None:
-    """Each allowed tool adds one to every edge on its paths (one per trie): ``edge_tool_count`` of the subset."""
-    row, tool = cuda.grid(2)
-    if row < allowed.shape[0] and tool < n_tools and allowed[row, tool] != 0:
-        for trie in range(n_tries):
-            path = trie * n_tools + tool
-            for i in range(tool_path_start[path], tool_path_start[path + 1]):
-                cuda.atomic.add(counts, (row, tool_path_edges[i]), 1)
-
-
-def _cached_kernel(key: tuple[str, str, str], make: Any) -> Any:
+def _cached_kernels(key: tuple[str, str, str], make: Any) -> Any:
     if key in _kernels:
         _kernels.move_to_end(key)
         return _kernels[key]
-    kernel = _kernels[key] = make()
+    kernels = _kernels[key] = make()
     if len(_kernels) > _KERNEL_CACHE_SIZE:
         _kernels.popitem(last=False)
-    return kernel
+    return kernels
 
 
-class CudaStepper:
-    """Runs decode steps of one artifact on the GPU.
+class CudaBackend:
+    """Every operation of the backend protocol (``kernels/batch.py``) as one launch, on device-resident state.
 
-    ``placement`` is ``"auto"`` (constant memory when the trie fits ``constant_budget`` bytes), ``"constant"``
-    or ``"global"``; the choice is in ``self.placement`` and logged.
+    ``placement`` is ``"auto"`` (constant memory when the trie fits ``constant_budget`` bytes), ``"constant"`` or
+    ``"global"``; the choice is in ``self.placement`` and logged. The host ``BatchState`` is where rows are added,
+    removed and moved (a few ints each, copied up by :meth:`sync`); steps advance the device copy, and
+    :meth:`fetch` brings it back when the host reads a row.
     """
 
-    def __init__(self, artifact: Artifact, *, placement: str = "auto", layout: str = "warp",
-                 constant_budget: int = CONSTANT_MEMORY_BUDGET) -> None:
+    name = "cuda"
+
+    def __init__(self, artifact: Artifact, *, reasoning_end_id: int | None = None, placement: str = "auto",
+                 layout: str = "warp", constant_budget: int = CONSTANT_MEMORY_BUDGET) -> None:
         if layout not in LAYOUTS:
             raise ValueError(f"unknown layout {layout!r}; choose from {LAYOUTS}")
         if placement == "auto":
@@ -215,102 +323,177 @@ class CudaStepper:
         if placement not in ("constant", "global"):
             raise ValueError(f"unknown placement {placement!r}; choose 'auto', 'constant' or 'global'")
         self.artifact, self.placement, self.layout = artifact, placement, layout
+        self.n_tools, self.eos_id = artifact.trie.n_tools, artifact.eos_id
+        self.reasoning_end_id = -1 if reasoning_end_id is None else reasoning_end_id
         arrays = artifact.trie.arrays()
         if placement == "constant":
-            self._kernel = _cached_kernel((artifact.sha256, placement, layout),
-                                          lambda: make_constant_kernel(dict(arrays), layout))
-            self._trie_args: tuple[Any, ...] = ()
+            self.kernels = _cached_kernels((artifact.sha256, placement, layout),
+                                           lambda: make_kernels(dict(arrays), layout))
+            # Nothing to read at launch (a launch cannot pass None: one-element stand-ins).
+            self._trie_args: tuple[Any, Any] = (cuda.to_device(np.zeros(1, np.int32)),) * 2
         else:
-            self._kernel = _cached_kernel(("*", placement, layout), lambda: make_global_kernel(layout))
-            self._trie_args = tuple(cuda.to_device(arrays[name]) for name in TRIE_FIELDS)
+            self.kernels = _cached_kernels(("*", placement, layout), lambda: make_kernels(None, layout))
+            buffer, offsets = pack_trie(arrays)
+            self._trie_args = (cuda.to_device(buffer), cuda.to_device(offsets))
         LOG.info("tooltrie: registry %r (%d device bytes) decodes from %s memory, %s layout",
                  artifact.registry.name, artifact.trie.device_bytes, placement, layout)
-        # No rows: every slot has the whole registry (the kernel reads the compiled counts).
-        self._whole_registry = (cuda.device_array((0, 0), np.int32), cuda.device_array((0, 0), np.uint8))
-        self._no_stats = cuda.device_array((0, 3), np.float64)  # no rows: statistics not wanted
-        self._no_hidden = cuda.device_array(0, np.float32)  # 1-D: the dense step (a launch cannot pass None)
+        self._no_hidden = cuda.device_array(0, np.float32)  # 1-D: a dense choice (a launch cannot pass None)
         self._paths: tuple[Any, Any] | None = None
-        self._launches: dict[tuple[int, int, int | None], Any] = {}  # see _configured
+        self._launches: dict[tuple[str, int, Any, int | None], Any] = {}  # see _launch
+        self._outputs: dict[tuple[int, int], Outputs] = {}
+        self.table: Any = None
+        self.counts: Any = None
+        self.allowed: Any = None
 
-    def step(self, table: Any, logits: Any, chosen: Any, *, subsets: tuple[Any, Any] | None = None,
-             reasoning_end_id: int | None = None, vocab: VocabMap | None = None, stream: Any = None,
-             stats: Any = None) -> None:
-        """One step: ``table`` is the slot-state table on the device (advanced in place), ``logits`` ``[B, V]``,
-        ``chosen`` an int32 ``[B]`` output; ``subsets`` (from :meth:`subsets`) limits rows to their allowed
-        tools; ``stats`` (float64 ``[B, 3]``, optional) receives each row's (best, runner-up, log-sum-exp) over its
-        candidates (float logits only: bfloat16 is compared as bits, which order but are not values). Torch
-        tensors are launched on torch's current stream."""
-        if stats is not None and stats.shape[0] and str(getattr(logits, "dtype", "")) in (
-                "torch.bfloat16", "int16", "torch.int16"):
-            raise ValueError("stats need float16/float32 logits: bfloat16 logits are compared as their bits")
-        logits = _bf16_as_bits(logits)
-        self._launch(table, subsets, logits, self._no_hidden, logits.shape[0], logits.shape[1], chosen,
-                     reasoning_end_id, vocab, stream, stats)
+    # -- the state on the device ---------------------------------------------------------------------------------
 
-    def sparse_step(self, table: Any, hidden: Any, output_embedding: Any, chosen: Any, *,
-                    subsets: tuple[Any, Any] | None = None, reasoning_end_id: int | None = None,
-                    vocab: VocabMap | None = None, stream: Any = None, stats: Any = None) -> None:
-        """One step from hidden states ``[B, H]`` and ``W [V, H]``: dot products for legal tokens only, and the
-        selection, in the same launch; no ``[B, V]`` logits exist. ``stats`` as in :meth:`step`: what a score of
-        the decision needs (logprob = best - log-sum-exp, margin = best - runner-up), from the same products."""
-        self._launch(table, subsets, output_embedding, hidden, hidden.shape[0], output_embedding.shape[0], chosen,
-                     reasoning_end_id, vocab, stream, stats)
+    def sync(self, state: BatchState, rows: Any) -> None:
+        """Copy host rows up; the whole state when its shape changed (grown, wider k, first subset)."""
+        if self.table is None or self.table.shape != state.table.shape or self.counts.shape != state.counts.shape:
+            self.table = cuda.to_device(state.table)
+            self.counts, self.allowed = cuda.to_device(state.counts), cuda.to_device(state.allowed)
+            return
+        for row in np.asarray(rows).tolist():
+            self.table[row:row + 1].copy_to_device(state.table[row:row + 1])
+            if state.counts.shape[0]:
+                self.counts[row:row + 1].copy_to_device(state.counts[row:row + 1])
+                self.allowed[row:row + 1].copy_to_device(state.allowed[row:row + 1])
+
+    def fetch(self, state: BatchState) -> None:
+        self.table.copy_to_host(state.table)
+
+    def bitmask(self, shape: tuple[int, int]) -> Any:
+        return cuda.device_array(shape, dtype=np.int32)
+
+    def outputs(self, n_rows: int, *, forced_width: int) -> Outputs:
+        """Device outputs, allocated once per shape (a step's results are copied out before the next step)."""
+        key = (n_rows, forced_width)
+        if key not in self._outputs:
+            self._outputs[key] = Outputs(
+                cuda.device_array(n_rows, np.int32), cuda.device_array((n_rows, 3), np.float64),
+                cuda.device_array((n_rows, 3), np.int32), cuda.device_array((n_rows, forced_width), np.int32),
+                cuda.device_array(n_rows, np.int32))
+        return self._outputs[key]
+
+    # -- the operations ------------------------------------------------------------------------------------------
+
+    def accept(self, state: BatchState, rows: Any, tokens: Any, n_tokens: Any) -> None:
+        self._launch("accept", _blocks(len(rows)), THREADS_PER_BLOCK, None, *self._trie_args, self.n_tools,
+                     self.eos_id, self.reasoning_end_id, self.table, self.counts, self.allowed, _device(rows),
+                     _device(tokens), _device(n_tokens))
+
+    def follow_forced(self, state: BatchState, rows: Any, out: Outputs) -> None:
+        self._launch("forced", _blocks(len(rows)), THREADS_PER_BLOCK, None, *self._trie_args, self.n_tools,
+                     self.eos_id, self.table, self.counts, self.allowed, _device(rows), out.forced, out.n_forced)
+
+    def fill_bitmask(self, state: BatchState, rows: Any, bitmask: Any, *, like: Any = None) -> None:
+        """``like``: the tensor whose torch stream the launch joins (default: the bitmask's)."""
+        if len(rows):
+            self._launch("fill", len(rows), WARP, bitmask if like is None else like, *self._trie_args, self.n_tools,
+                         self.eos_id, self.table, self.counts, self.allowed, _device(rows), bitmask)
+
+    def mask_logits_(self, state: BatchState, rows: Any, logits: Any, bitmask: Any) -> None:
+        if not len(rows):
+            return
+        device_rows = _device(rows)
+        self.fill_bitmask(state, device_rows, bitmask, like=logits)
+        bits, minus_inf = _logits_bits(logits)
+        # Each thread strides over the columns; the simulator (a Python thread per GPU thread) gets one block a row.
+        column_blocks = 1 if config.ENABLE_CUDASIM else min(32, (bits.shape[1] + 255) // 256)
+        self._configured(_mask_kernel, "mask", (len(rows), column_blocks), (1, 256), logits)(
+            bitmask, device_rows, bits, minus_inf)
+
+    def choose(self, state: BatchState, rows: Any, scores: Any, hidden: Any, vocab: VocabMap | None,
+               out: Outputs) -> None:
+        if hidden is None:
+            if out.stats.shape[0] and str(getattr(scores, "dtype", "")) in ("torch.bfloat16", "int16", "torch.int16"):
+                raise ValueError("stats need float16/float32 logits: bfloat16 logits are compared as their bits")
+            scores = _bf16_as_bits(scores)
+            n_score_rows, n_cols, hidden = scores.shape[0], scores.shape[1], self._no_hidden
+        else:
+            n_score_rows, n_cols = hidden.shape[0], scores.shape[0]
+        vocab = vocab or VocabMap.identity(n_cols)
+        check_step_inputs(self.artifact, len(rows), n_score_rows, n_cols, vocab)
+        check_stats(out.stats, len(rows))
+        if not len(rows):
+            return
+        grid, block = (len(rows), WARP) if self.layout == "warp" else (_blocks(len(rows)), THREADS_PER_BLOCK)
+        self._launch("choose", grid, block, scores, *self._trie_args, self.n_tools, self.eos_id,
+                     self.reasoning_end_id, self.table, self.counts, self.allowed, _device(rows), scores, hidden,
+                     n_cols, *_device_maps(vocab), out.chosen, out.stats, out.decision, out.forced, out.n_forced)
 
     def subsets(self, allowed: Any) -> tuple[Any, Any]:
-        """Per-row subsets on the device from a bitmap ``allowed [B, n_tools]`` (uint8, 1 = allowed): the rows'
-        edge counts are computed there, one thread per (row, tool), from the compiled tool paths."""
+        """Per-row subsets counted on the device from a bitmap ``allowed [B, n_tools]`` (uint8, 1 = allowed): the
+        rows' edge counts, one thread per (row, tool), from the compiled tool paths."""
         trie = self.artifact.trie
         if self._paths is None:
             self._paths = (cuda.to_device(trie.tool_path_start), cuda.to_device(trie.tool_path_edges))
-        allowed = cuda.to_device(np.ascontiguousarray(allowed, dtype=np.uint8)) if isinstance(
-            allowed, np.ndarray) else allowed
-        rows = allowed.shape[0]
-        counts = cuda.device_array((rows, trie.n_edges), np.int32)
+        allowed = _device(np.ascontiguousarray(allowed, dtype=np.uint8)) if isinstance(allowed, np.ndarray) else allowed
+        n = allowed.shape[0]
+        rows = cuda.to_device(np.arange(n, dtype=np.int32))
+        counts = cuda.device_array((n, trie.n_edges), np.int32)
         threads = (4, 64)
-        _zero_counts[((rows + 3) // 4, (trie.n_edges + 63) // 64), threads](counts)
-        _count_subset_paths[((rows + 3) // 4, (trie.n_tools + 63) // 64), threads](
-            *self._paths, trie.n_tools, trie.n_tries, allowed, counts)
+        _zero_counts[((n + 3) // 4, (trie.n_edges + 63) // 64), threads](counts, rows)
+        _count_subset_paths[((n + 3) // 4, (trie.n_tools + 63) // 64), threads](
+            *self._paths, trie.n_tools, trie.n_tries, allowed, rows, counts)
         return counts, allowed
 
-    def _launch(self, table: Any, subsets: tuple[Any, Any] | None, scores: Any, hidden: Any, n_rows: int,
-                n_cols: int, chosen: Any, reasoning_end_id: int | None, vocab: VocabMap | None, stream: Any,
-                stats: Any) -> None:
-        vocab = vocab or VocabMap.identity(n_cols)
-        check_step_inputs(self.artifact, table.shape[0], n_rows, n_cols, vocab)
-        if stats is None:
-            stats = self._no_stats
-        check_stats(stats, table.shape[0])
-        maps = _device_maps(vocab)
-        batch = table.shape[0]
-        if self.layout == "warp":
-            grid, block = batch, WARP
-        else:
-            grid, block = (batch + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK, THREADS_PER_BLOCK
-        if stream is not None:  # the caller's own stream
-            launch = self._kernel[grid, block, stream]
-        else:
-            launch = self._configured(grid, block, _torch_stream_handle(scores))
-        artifact = self.artifact
-        counts, allowed = subsets if subsets is not None else self._whole_registry
-        launch(*self._trie_args, artifact.trie.n_tools, artifact.eos_id,
-               -1 if reasoning_end_id is None else reasoning_end_id, table, counts, allowed, scores, hidden, n_cols,
-               *maps, chosen, stats)
+    def _launch(self, kernel: str, grid: Any, block: Any, like: Any, *args: Any) -> None:
+        self._configured(self.kernels[kernel], kernel, grid, block, like)(*args)
 
-    def _configured(self, grid: int, block: int, torch_stream: int | None) -> Any:
-        """The kernel configured for this grid, block and torch stream (None: the default stream), made once per
-        kind: configuring makes Numba objects (the stream's too) on every launch, and warns about grids under 128
-        blocks, which one block per slot makes this kernel's usual case."""
-        key = (grid, block, torch_stream)
+    def _configured(self, kernel: Any, name: str, grid: Any, block: Any, like: Any) -> Any:
+        """The kernel configured for this grid, block and torch stream (that of ``like``, a torch CUDA tensor;
+        else the default stream), made once per kind: configuring makes Numba objects (the stream's too) on every
+        launch, and warns about grids under 128 blocks, which one block per row makes this backend's usual case."""
+        stream = _torch_stream_handle(like)
+        key = (name, id(kernel), (grid, block), stream)
         launch = self._launches.get(key)
         if launch is None:
             if len(self._launches) >= _LAUNCHES_CACHED:
                 self._launches.clear()
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=r".*Grid size \d+ will likely result in GPU under-util")
-                launch = (self._kernel[grid, block] if torch_stream is None
-                          else self._kernel[grid, block, cuda.external_stream(torch_stream)])
+                launch = (kernel[grid, block] if stream is None else kernel[grid, block, cuda.external_stream(stream)])
             self._launches[key] = launch
         return launch
+
+
+class CudaStepper:
+    """One choice over a whole slot table on the device (score row i is table row i): the kernel-level view of
+    :class:`CudaBackend`, for benchmarks and kernel tests that hold their own tables."""
+
+    def __init__(self, artifact: Artifact, *, placement: str = "auto", layout: str = "warp",
+                 constant_budget: int = CONSTANT_MEMORY_BUDGET) -> None:
+        self.backend = CudaBackend(artifact, placement=placement, layout=layout, constant_budget=constant_budget)
+        self.artifact, self.placement, self.layout = artifact, self.backend.placement, layout
+        self._no_subsets = (cuda.device_array((0, 0), np.int32), cuda.device_array((0, 0), np.uint8))
+        self._no_outputs = (cuda.device_array((0, 3), np.int32), cuda.device_array((0, 0), np.int32),
+                            cuda.device_array(0, np.int32))
+
+    def step(self, table: Any, logits: Any, chosen: Any, *, subsets: tuple[Any, Any] | None = None,
+             reasoning_end_id: int | None = None, vocab: VocabMap | None = None, stats: Any = None) -> None:
+        """``table`` on the device (advanced in place), logits ``[B, V]``, ``chosen`` int32 ``[B]``; ``stats``
+        (float64 ``[B, 3]``) as in ``kernels/walk.py`` (float logits only: bfloat16 is compared as its bits)."""
+        self._run(table, logits, None, chosen, subsets, reasoning_end_id, vocab, stats)
+
+    def sparse_step(self, table: Any, hidden: Any, output_embedding: Any, chosen: Any, *,
+                    subsets: tuple[Any, Any] | None = None, reasoning_end_id: int | None = None,
+                    vocab: VocabMap | None = None, stats: Any = None) -> None:
+        """From hidden states ``[B, H]`` and ``W [V, H]``: dot products for legal tokens only, in the launch."""
+        self._run(table, output_embedding, hidden, chosen, subsets, reasoning_end_id, vocab, stats)
+
+    def subsets(self, allowed: Any) -> tuple[Any, Any]:
+        return self.backend.subsets(allowed)
+
+    def _run(self, table: Any, scores: Any, hidden: Any, chosen: Any, subsets: tuple[Any, Any] | None,
+             reasoning_end_id: int | None, vocab: VocabMap | None, stats: Any) -> None:
+        backend = self.backend
+        backend.reasoning_end_id = -1 if reasoning_end_id is None else reasoning_end_id
+        backend.table = table
+        backend.counts, backend.allowed = subsets if subsets is not None else self._no_subsets
+        rows = np.arange(table.shape[0], dtype=np.int32)
+        out = Outputs(chosen, cuda.device_array((0, 3), np.float64) if stats is None else stats, *self._no_outputs)
+        backend.choose(BatchState(np.zeros((0, 0), np.int32)), rows, scores, hidden, vocab, out)
 
 
 def compact_on_device(table: Any, batch_mapping: Any) -> Any:
@@ -326,6 +509,15 @@ def compact_on_device(table: Any, batch_mapping: Any) -> Any:
         blocks = ((kept + 7) // 8, (table.shape[1] + 31) // 32)
         _gather_rows[blocks, threads](table, cuda.to_device(order), new_table)
     return new_table
+
+
+def _blocks(n: int) -> int:
+    return max(1, (n + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK)
+
+
+def _device(array: Any) -> Any:
+    """Host index arrays go up (a few ints); device arrays pass as they are."""
+    return cuda.to_device(np.ascontiguousarray(array)) if isinstance(array, np.ndarray) else array
 
 
 _maps_cache: dict[int, tuple[Any, Any, VocabMap]] = {}
@@ -346,6 +538,21 @@ def _bf16_as_bits(logits: Any) -> Any:
     if dtype is not None and str(dtype) == "torch.bfloat16":
         return logits.view(__import__("torch").int16)
     return logits
+
+
+def _logits_bits(logits: Any) -> tuple[Any, int]:
+    """An integer view of device (or, under the simulator, host) logits and the bits of -inf in their dtype."""
+    name = str(logits.dtype).removeprefix("torch.")
+    if name not in MINUS_INF_BITS:
+        raise ValueError(f"logits must be float32, float16 or bfloat16, got {logits.dtype}")
+    int_type, minus_inf = MINUS_INF_BITS[name]
+    if isinstance(logits, np.ndarray):
+        return logits.view(int_type), minus_inf
+    if type(logits).__module__.startswith("torch"):
+        import torch
+
+        return logits.view(torch.int32 if int_type is np.int32 else torch.int16), minus_inf
+    return logits.view(int_type), minus_inf  # CuPy and Numba device arrays view like NumPy
 
 
 def _torch_stream_handle(array: Any) -> int | None:

@@ -41,29 +41,39 @@ def _pretend_device(compute_capability: tuple[int, int]) -> Iterator[None]:
 
 
 def compile_variant(artifact: Artifact, *, placement: str, layout: str, score_kind: str,
-                    compute_capability: tuple[int, int] = (9, 0)) -> str:
-    """The PTX of one kernel variant for this artifact."""
+                    compute_capability: tuple[int, int] = (9, 0)) -> dict[str, str]:
+    """The PTX of one variant's kernels for this artifact: the choice for ``score_kind``, and accept, forced runs,
+    the bitmask fill and the logits mask (for the logits' integer width)."""
     from numba import cuda, types
 
-    from tooltrie.kernels.cuda import TRIE_FIELDS, make_constant_kernel, make_global_kernel
+    from tooltrie.kernels.cuda import _mask_kernel, make_kernels
 
-    index = types.int32[::1]
-    dense = types.float32[::1]  # what ``CudaStepper.step`` passes for hidden: an empty 1-D array
+    index, count = types.int32[::1], types.int64
+    table, counts, allowed = types.int32[:, ::1], types.int32[:, ::1], types.uint8[:, ::1]
+    dense = types.float32[::1]  # what a dense choice passes for hidden: an empty 1-D array
     scores, hidden = {
         "float32": (types.float32[:, ::1], dense),
         "bfloat16-bits": (types.int16[:, ::1], dense),
         "float16": (types.float16[:, ::1], dense),
         "sparse-head": (types.float32[:, ::1], types.float32[:, ::1]),
     }[score_kind]
-    launch = (types.int64, types.int64, types.int64, types.int32[:, ::1], types.int32[:, ::1], types.uint8[:, ::1],
-              scores, hidden, types.int64, index, index, index, types.float64[:, ::1])
+    trie = (index, index)  # the packed buffer and its offsets (stand-ins in the constant placement)
+    state = (table, counts, allowed)
+    outputs = (index, types.float64[:, ::1], types.int32[:, ::1], types.int32[:, ::1], index)
+    signatures = {
+        "choose": (*trie, count, count, count, *state, index, scores, hidden, count, index, index, *outputs),
+        "accept": (*trie, count, count, count, *state, index, types.int32[:, ::1], index),
+        "forced": (*trie, count, count, *state, index, types.int32[:, ::1], index),
+        "fill": (*trie, count, count, *state, index, types.int32[:, ::1]),
+    }
+    bits = types.int16[:, ::1] if score_kind in ("bfloat16-bits", "float16") else types.int32[:, ::1]
     with _pretend_device(compute_capability):
-        if placement == "constant":
-            kernel, signature = make_constant_kernel(artifact.trie.arrays(), layout), launch
-        else:
-            kernel, signature = make_global_kernel(layout), (index,) * len(TRIE_FIELDS) + launch
-        ptx, _ = cuda.compile_ptx(kernel.py_func, signature, cc=compute_capability)
-    return str(ptx)
+        kernels = make_kernels(artifact.trie.arrays() if placement == "constant" else None, layout)
+        ptx = {name: str(cuda.compile_ptx(kernels[name].py_func, signature, cc=compute_capability)[0])
+               for name, signature in signatures.items()}
+        ptx["mask"] = str(cuda.compile_ptx(_mask_kernel.py_func, (types.int32[:, ::1], index, bits, count),
+                                           cc=compute_capability)[0])
+    return ptx
 
 
 def assemble(ptx: str, compute_capability: tuple[int, int] = (9, 0)) -> tuple[bool, str]:
@@ -82,10 +92,14 @@ def assemble(ptx: str, compute_capability: tuple[int, int] = (9, 0)) -> tuple[bo
 
 def check(artifact: Artifact, *, placement: str, layout: str, score_kind: str) -> dict[str, Any]:
     ptx = compile_variant(artifact, placement=placement, layout=layout, score_kind=score_kind)
-    ok, message = assemble(ptx)
+    assembled = {name: assemble(text) for name, text in ptx.items()}
+    trie_kernels = [name for name in ptx if name != "mask"]  # the mask reads a bitmask, not the trie
     return {"registry": artifact.registry.name, "device_bytes": artifact.trie.device_bytes, "placement": placement,
-            "layout": layout, "scores": score_kind, "ptx_bytes": len(ptx), "uses_constant_memory": ".const" in ptx,
-            "ptxas_ok": ok, "ptxas_message": message}
+            "layout": layout, "scores": score_kind, "kernels": sorted(ptx),
+            "ptx_bytes": sum(len(text) for text in ptx.values()),
+            "uses_constant_memory": all(".const" in ptx[name] for name in trie_kernels),
+            "ptxas_ok": all(ok for ok, _ in assembled.values()),
+            "ptxas_message": "; ".join(f"{name}: {message}" for name, (ok, message) in assembled.items() if not ok)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,70 +1,187 @@
-"""The NumPy reference step: one row at a time through ``kernels/rules.py``. Slow, obvious, the oracle.
+"""The reference backend: one row at a time through ``kernels/rules.py``. Slow, obvious, the oracle.
 
-One step takes logits ``[B, V]`` and returns the chosen token per slot (-1 for slots that are not running):
-the argmax over the legal tokens, ties toward the lower token id, NaN as -inf. Rows without a grammar take
-plain argmax (by the same order); rows still thinking take plain argmax except the stop token, and start the
-constraint after the reasoning-end marker.
+A choice takes the argmax over the legal tokens, ties toward the lower token id, NaN as -inf. Rows without a
+grammar take plain argmax (by the same order); rows still thinking take plain argmax except the stop token, and
+start the constraint after the reasoning-end marker. Every backend is tested against this one.
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from tooltrie.compiler.artifact import Artifact
-from tooltrie.kernels.rules import Status, advance, fail, legal_moves
+from tooltrie.kernels.bitmask import apply_token_bitmask_inplace, set_allowed
+from tooltrie.kernels.cpu import Outputs, as_numpy_scores, check_stats, no_rows
+from tooltrie.kernels.rules import Move, Slot, Status, advance, fail, legal_moves
 from tooltrie.kernels.state import DONE, ERROR, RUNNING, BatchState
 from tooltrie.kernels.vocab import VocabMap, check_step_inputs
 
 
-def step(artifact: Artifact, state: BatchState, logits: npt.NDArray[np.floating], *,
-         reasoning_end_id: int | None = None, vocab: VocabMap | None = None) -> npt.NDArray[np.int32]:
-    """Choose one token per slot and advance ``state`` in place; returns full-vocabulary token ids."""
-    vocab = vocab or VocabMap.identity(logits.shape[1])
-    check_step_inputs(artifact, len(state), logits.shape[0], logits.shape[1], vocab)
-    chosen = np.full(len(state), -1, dtype=np.int32)
-    for row in range(len(state)):
-        if state.status[row] != RUNNING:
-            continue
-        if not state.constrained[row] or state.thinking[row]:
-            # A constrained row may not stop before its answer, not even while it thinks.
-            excluded = artifact.eos_id if state.constrained[row] else -1
-            token = _plain_argmax(logits[row], vocab, excluded)
-            chosen[row] = token
-            if token < 0:
-                state.status[row] = ERROR
-            elif state.thinking[row] and token == reasoning_end_id:
-                state.thinking[row] = False
-            elif not state.constrained[row] and token == artifact.eos_id:
-                state.status[row] = DONE
-            continue
+class ReferenceBackend:
+    """The backend protocol (``kernels/batch.py``) row by row over readable ``Slot``s."""
+
+    name = "reference"
+
+    def __init__(self, artifact: Artifact, *, reasoning_end_id: int | None = None) -> None:
+        self.artifact, self.trie, self.eos_id = artifact, artifact.trie, artifact.eos_id
+        self.reasoning_end_id = reasoning_end_id
+
+    def sync(self, state: BatchState, rows: Any) -> None:
+        pass
+
+    def fetch(self, state: BatchState) -> None:
+        pass
+
+    def bitmask(self, shape: tuple[int, int]) -> npt.NDArray[np.int32]:
+        return np.empty(shape, dtype=np.int32)
+
+    def outputs(self, n_rows: int, *, forced_width: int) -> Outputs:
+        return Outputs(np.empty(n_rows, np.int32), np.empty((n_rows, 3)), np.empty((n_rows, 3), np.int32),
+                       np.empty((n_rows, forced_width), np.int32), np.empty(n_rows, np.int32))
+
+    def _moves(self, state: BatchState, row: int) -> tuple[Slot, dict[int, Move]]:
         slot = state.slot(row)
-        moves = legal_moves(artifact.trie, slot, artifact.eos_id)
-        scored = [(_value(logits[row, vocab.full_to_output[token]]), -token)
-                  for token in moves if vocab.full_to_output[token] >= 0]
-        if not scored:
-            state.set_slot(row, fail(slot))
-            continue
-        best = -max(scored)[1]  # highest score, then the lowest token id
-        chosen[row] = best
-        state.set_slot(row, advance(artifact.trie, slot, moves[best]))
-    return chosen
+        return slot, legal_moves(self.trie, slot, self.eos_id)
+
+    def accept(self, state: BatchState, rows: npt.NDArray[np.int32], tokens: npt.NDArray[np.int32],
+               n_tokens: npt.NDArray[np.int32]) -> None:
+        for i, row in enumerate(rows.tolist()):
+            for token in tokens[i, : n_tokens[i]].tolist() if row >= 0 else []:
+                if state.status[row] != RUNNING:
+                    break  # done (later tokens are padding) or failed for good
+                if not state.constrained[row] or state.thinking[row]:
+                    self._take_plain(state, row, token)
+                    continue
+                slot, moves = self._moves(state, row)
+                move = moves.get(token)
+                state.set_slot(row, fail(slot) if move is None else advance(self.trie, slot, move))
+
+    def _take_plain(self, state: BatchState, row: int, token: int) -> None:
+        if token < 0 or (state.thinking[row] and token == self.eos_id):
+            state.status[row] = ERROR  # nothing to take, or a stop before the answer that is owed
+        elif state.thinking[row] and token == self.reasoning_end_id:
+            state.thinking[row] = False
+        elif not state.constrained[row] and token == self.eos_id:
+            state.status[row] = DONE
+
+    def follow_forced(self, state: BatchState, rows: npt.NDArray[np.int32], out: Outputs) -> None:
+        for i, row in enumerate(rows.tolist()):
+            self._follow(state, row, i, out)
+
+    def _follow(self, state: BatchState, row: int, i: int, out: Outputs) -> None:
+        n = 0
+        while (row >= 0 and n < out.forced.shape[1] and state.status[row] == RUNNING and state.constrained[row]
+               and not state.thinking[row]):
+            slot, moves = self._moves(state, row)
+            if len(moves) != 1:
+                break
+            (move,) = moves.values()
+            state.set_slot(row, advance(self.trie, slot, move))
+            out.forced[i, n] = move.token
+            n += 1
+        if out.n_forced.shape[0]:
+            out.n_forced[i] = n
+
+    def fill_bitmask(self, state: BatchState, rows: npt.NDArray[np.int32], bitmask: npt.NDArray[np.int32]) -> None:
+        for i, row in enumerate(rows.tolist()):
+            if row < 0:
+                continue
+            if state.status[row] == RUNNING and (not state.constrained[row] or state.thinking[row]):
+                tokens = np.arange(bitmask.shape[1] * 32)
+                set_allowed(bitmask[i], tokens[tokens != self.eos_id] if state.constrained[row] else tokens)
+                continue
+            legal = sorted(self._moves(state, row)[1]) if state.status[row] == RUNNING else []
+            if state.status[row] == RUNNING and not legal:
+                state.status[row] = ERROR
+            set_allowed(bitmask[i], legal if legal else [self.eos_id])
+
+    def mask_logits_(self, state: BatchState, rows: npt.NDArray[np.int32], logits: Any, bitmask: Any) -> None:
+        self.fill_bitmask(state, rows, bitmask)
+        apply_token_bitmask_inplace(logits, bitmask, indices=np.flatnonzero(rows >= 0))
+
+    def choose(self, state: BatchState, rows: npt.NDArray[np.int32], scores: Any, hidden: Any,
+               vocab: VocabMap | None, out: Outputs) -> None:
+        scores = as_numpy_scores(scores)
+        hidden = None if hidden is None else as_numpy_scores(hidden)
+        n_cols = scores.shape[0] if hidden is not None else scores.shape[1]
+        vocab = vocab or VocabMap.identity(n_cols)
+        check_step_inputs(self.artifact, len(rows), scores.shape[0] if hidden is None else hidden.shape[0], n_cols,
+                          vocab)
+        check_stats(out.stats, len(rows))
+
+        def value(i: int, col: int) -> float:
+            if hidden is None:
+                return _value(float(scores[i, col]))
+            total = 0.0  # summed in order in float64, as the compiled walk does
+            for h, w in zip(hidden[i].tolist(), scores[col].tolist(), strict=True):
+                total += h * w
+            return _value(total)
+
+        for i, row in enumerate(rows.tolist()):
+            out.chosen[i] = -1
+            if out.n_forced.shape[0]:
+                out.n_forced[i] = 0
+            if row < 0 or state.status[row] != RUNNING:
+                _put_stats(out.stats, i, [], nan=True)
+                continue
+            if not state.constrained[row] or state.thinking[row]:
+                excluded = self.eos_id if state.constrained[row] else -1
+                candidates = [(value(i, col), int(token)) for col, token in enumerate(vocab.output_to_full.tolist())
+                              if token != excluded]
+                token = _best(candidates)
+                _put_stats(out.stats, i, candidates)
+                out.chosen[i] = token
+                self._take_plain(state, row, token)
+            else:
+                slot, moves = self._moves(state, row)
+                candidates = [(value(i, int(vocab.full_to_output[token])), token) for token in moves
+                              if vocab.full_to_output[token] >= 0]
+                token = _best(candidates)
+                _put_stats(out.stats, i, candidates)
+                if out.decision.shape[0]:
+                    continuing = sum(moves[t].kind != "hop" for _, t in candidates)
+                    out.decision[i] = (len(candidates), continuing, slot.emitted + (continuing == 0))
+                out.chosen[i] = token
+                state.set_slot(row, fail(slot) if token < 0 else advance(self.trie, slot, moves[token]))
+            self._follow(state, row, i, out)
 
 
 def _value(logit: float) -> float:
     """NaN counts as -inf: it ranks lowest, and ties with -inf are broken by token id like any other."""
-    return -np.inf if np.isnan(logit) else float(logit)
+    return -math.inf if math.isnan(logit) else logit
 
 
-def _plain_argmax(row: npt.NDArray[np.floating], vocab: VocabMap, excluded: int) -> int:
-    """Argmax over every output column, by full token id on ties; -1 when every column is excluded."""
-    values = np.where(np.isnan(row), -np.inf, row).astype(np.float64)
-    allowed = vocab.output_to_full != excluded
-    if not allowed.any():
-        return -1
-    values[~allowed] = np.nan  # out of the running (NaN never equals the maximum)
-    best = np.nanmax(values)
-    return int(vocab.output_to_full[(values == best) & allowed].min())
+def _best(candidates: list[tuple[float, int]]) -> int:
+    """The highest value, then the lowest token id; -1 without candidates."""
+    return -max((v, -t) for v, t in candidates)[1] if candidates else -1
 
 
-__all__ = ["Status", "step"]
+def _put_stats(stats: Any, i: int, candidates: list[tuple[float, int]], *, nan: bool = False) -> None:
+    if not stats.shape[0]:
+        return
+    if nan:
+        stats[i] = np.nan
+        return
+    values = sorted((v for v, _ in candidates), reverse=True)
+    finite = [v for v in values if v != -math.inf]
+    top = max(finite, default=-math.inf)
+    log_total = top + math.log(sum(math.exp(v - top) for v in finite)) if finite else -math.inf
+    stats[i] = (values[0] if values else -math.inf, values[1] if len(values) > 1 else -math.inf, log_total)
+
+
+def step(artifact: Artifact, state: BatchState, logits: npt.NDArray[np.floating], *,
+         reasoning_end_id: int | None = None, vocab: VocabMap | None = None,
+         stats: npt.NDArray[np.float64] | None = None) -> npt.NDArray[np.int32]:
+    """Choose one token per slot and advance ``state`` in place; returns full-vocabulary token ids."""
+    backend = ReferenceBackend(artifact, reasoning_end_id=reasoning_end_id)
+    out = Outputs(np.empty(len(state), np.int32), no_rows(3, dtype=np.float64) if stats is None else stats,
+                  no_rows(3), no_rows(0), no_rows())
+    backend.choose(state, np.arange(len(state), dtype=np.int32), logits, None, vocab, out)
+    return out.chosen
+
+
+__all__ = ["ReferenceBackend", "Status", "step"]

@@ -1,10 +1,14 @@
-"""Batched per-slot decode state: a few small arrays per slot, shared by every backend.
+"""The decode state of a batch: a few small arrays per row, one form for every backend.
 
-A slot's state is O(k), whatever the registry's size: the node and depth it is at, the tools it has finished
-(at most k), and a status. The per-edge counts of unused tools are derived from those at each step (see
-``kernels/rules.py``), so nothing proportional to the trie is copied per slot, unless a slot is limited to a
-subset of the registry: then the batch carries per-row edge counts and an allowed-tool bitmap (``counts``,
-``allowed``), computed from the subset when the slot starts (no recompilation).
+A row's state is O(k), whatever the registry's size: the node and depth it is at, the tools it has finished
+(at most k), and a status. The per-edge counts of unused tools are derived from those as the walk goes (see
+``kernels/walk.py``), so nothing proportional to the trie is kept per row, unless a row is limited to a subset of
+the registry: then the batch carries per-row edge counts and an allowed-tool bitmap (``counts``, ``allowed``),
+computed from the subset once, when the row is added (no recompilation).
+
+The state persists across steps: rows are added, removed and moved between steps (continuous batching; vLLM's
+persistent batch), and each step advances the rows it is given in place. ``kernels/batch.py`` pairs it with a
+backend; the row as a readable ``Slot`` (:meth:`BatchState.slot`) is for the oracle and tests.
 """
 
 from __future__ import annotations
@@ -194,18 +198,59 @@ class BatchState:
     def tools(self, row: int) -> list[int]:
         return [int(t) for t in self.used[row, : self.emitted[row]]]
 
-    def reset(self, artifact: Artifact, row: int, k: int, *, constrained: bool = True,
-              thinking: bool = False, subset: Subset = None) -> None:
-        """Reuse ``row`` for a new request (continuous batching: a slot joins between steps)."""
+    @classmethod
+    def empty(cls, capacity: int, *, k_max: int = 1) -> BatchState:
+        """``capacity`` free rows (rows are added with :meth:`add`)."""
+        table = np.zeros((capacity, USED + k_max), dtype=np.int32)
+        table[:, USED:] = -1
+        table[:, STATUS] = DONE
+        return cls(table)
+
+    def add(self, artifact: Artifact, row: int, k: int, *, constrained: bool = True, thinking: bool = False,
+            subset: Subset = None) -> None:
+        """Start a new request in ``row`` (growing the batch if needed): its counts come from its subset, once."""
         if constrained:
             check_k(k, artifact.trie.n_tools, where=f"slot {row}")
             check_subset(artifact, subset, k, where=f"slot {row}")
+        if row >= len(self):
+            self.grow(max(row + 1, 2 * len(self)))
         self._limit(artifact, row, subset)
         if k > self.used.shape[1]:
             self.table = np.pad(self.table, ((0, 0), (0, k - self.used.shape[1])), constant_values=-1)
         self.k[row] = k
         self.constrained[row], self.thinking[row] = constrained, thinking
         self.set_slot(row, Slot.start(artifact.trie, max(k, 1)))
+
+    reset = add  # a row reused for a new request
+
+    def remove(self, row: int) -> None:
+        """Free ``row``: it is done, and no step touches it until it is added again."""
+        self.status[row], self.constrained[row] = DONE, 0
+
+    def move(self, source: int, target: int) -> None:
+        """Row ``source``'s request moves to ``target`` (whose own request, if any, is dropped)."""
+        if max(source, target) >= len(self):
+            self.grow(max(source, target) + 1)
+        self.table[target] = self.table[source]
+        if self.counts.shape[0]:
+            self.counts[target], self.allowed[target] = self.counts[source], self.allowed[source]
+
+    def swap(self, a: int, b: int) -> None:
+        """Rows ``a`` and ``b`` trade places."""
+        if max(a, b) >= len(self):
+            self.grow(max(a, b) + 1)
+        for array in (self.table, self.counts, self.allowed) if self.counts.shape[0] else (self.table,):
+            array[[a, b]] = array[[b, a]]
+
+    def grow(self, capacity: int) -> None:
+        """Room for ``capacity`` rows; the new ones are free."""
+        extra = capacity - len(self)
+        if extra <= 0:
+            return
+        self.table = np.concatenate([self.table, BatchState.empty(extra, k_max=self.used.shape[1]).table])
+        if self.counts.shape[0]:
+            self.counts = np.concatenate([self.counts, np.zeros((extra, self.counts.shape[1]), np.int32)])
+            self.allowed = np.concatenate([self.allowed, np.zeros((extra, self.allowed.shape[1]), np.uint8)])
 
     def compact(self, batch_mapping: Sequence[int] | npt.NDArray[np.integer]) -> None:
         """Drop and reorder slots after an eviction: ``batch_mapping[i]`` is old slot i's new index, or -1."""

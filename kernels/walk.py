@@ -34,6 +34,8 @@ import numpy as np
 from numba import types
 from numba.core.extending import overload
 
+from tooltrie.compiler.trie import phase_of
+
 # The slot-state table (one int32 row per slot; ``kernels/state.py`` wraps it). Its layout is defined here, in
 # the file the compiled code comes from, so Numba's on-disk cache (keyed by this file) never outlives a change.
 K, NODE, DEPTH, EMITTED, STATUS, CONSTRAINED, THINKING, USED = range(8)  # columns; used tools from USED on
@@ -101,9 +103,7 @@ if not _AS_PYTHON:
     overload(score, target="generic")(_score_overload)
 
 
-@_jit
-def phase(emitted: int, k: int) -> int:
-    return (2 if emitted > 0 else 0) + (1 if emitted + 1 == k else 0)
+phase = _jit(phase_of)  # the compiler's formula, compiled
 
 
 @_jit
@@ -184,19 +184,20 @@ def next_crossing(table: Any, row: int, emitted: int, extra_tool: int, trie_inde
     return edge, times
 
 
+# -- the candidates of a running constrained row -------------------------------------------------------------------
+# A row's candidates are numbered 0 .. n_own + n_hop - 1: the current node's edges, then (at an unused terminal with
+# tools still owed) the next phase's root edges, the hop; the stop token is apart (``Frame.can_stop``). Every scan
+# below (choose, accept, mask, forced runs) walks them with :func:`frame` and :func:`open_edge`, so the rules are
+# written once.
+
 @_jit
-def best_move(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any,
-              allowed: Any, scores: Any, hidden: Any, full_to_output: Any, with_stats: bool
-              ) -> tuple[float, int, int, int, float, float, float]:
-    """This lane's best legal move of a constrained, running slot: (score, token, kind, edge); token -1: none.
-    Then, with ``with_stats`` (else -inf, -inf, 0), this lane's runner-up value and its online log-sum-exp
-    (max, sum) over its legal tokens."""
-    node_edge_start, edge_token, edge_tool_count, node_tool = trie[0], trie[1], trie[3], trie[4]
-    trie_root, phase_trie, tool_path_start, tool_path_edges = trie[5], trie[6], trie[7], trie[8]
-    k, node, depth, emitted = table[row, K], table[row, NODE], table[row, DEPTH], table[row, EMITTED]
+def frame(row: int, trie: Any, table: Any, allowed: Any) -> tuple[int, int, int, int, int, int, int, bool]:
+    """(own trie, own first edge, own edge count, hop trie, hop first edge, hop edge count, the node's tool, whether
+    stop is legal) of a running constrained row."""
+    node_edge_start, node_tool, trie_root, phase_trie = trie[0], trie[4], trie[5], trie[6]
+    k, node, emitted = table[row, K], table[row, NODE], table[row, EMITTED]
     tool = node_tool[node]
     unused = terminal_open(table, allowed, row, tool)
-    own_counts = counts.shape[0] > 0  # a subset: this row's counts, else the compiled ones
     own_trie = phase_trie[phase(emitted, k)]
     own_first, n_own = node_edge_start[node], node_edge_start[node + 1] - node_edge_start[node]
     # At an unused terminal with tools still owed, the next tool's root edges are candidates too (a hop),
@@ -206,60 +207,152 @@ def best_move(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id:
         hop_trie = phase_trie[phase(emitted + 1, k)]
         root = trie_root[hop_trie]
         hop_first, n_hop = node_edge_start[root], node_edge_start[root + 1] - node_edge_start[root]
+    return own_trie, own_first, n_own, hop_trie, hop_first, n_hop, tool, unused and emitted + 1 == k
+
+
+@_jit
+def open_edge(i: int, stride: int, row: int, fr: Any, trie: Any, n_tools: int, table: Any, counts: Any,
+              crossing_edge: int, crossing_times: int) -> tuple[int, int, int, int, int]:
+    """Candidate ``i`` of the row: (edge, kind, count of unused allowed tools below it) and the crossing cache after
+    it (``crossing_edge`` -1: not looked up yet). The count is the edge's compiled count (or the row's subset count)
+    minus the used tools (and, for a hop, this terminal's tool) whose path crosses it. Candidates are visited in
+    ascending edge order per part, so the used tools are looked up a few times a scan, not once per edge: the
+    cache holds the next edge a used tool crosses, and is looked up again only once past it."""
+    own_trie, own_first, n_own, hop_trie, hop_first, tool = fr[0], fr[1], fr[2], fr[3], fr[4], fr[6]
+    if i < n_own:
+        edge, kind, trie_index, at_depth, extra_tool = own_first + i, MOVE_EDGE, own_trie, table[row, DEPTH], -1
+    else:
+        edge, kind, trie_index, at_depth, extra_tool = hop_first + i - n_own, MOVE_HOP, hop_trie, 0, tool
+        if i - stride < n_own:  # this lane's first hop edge, at another node: crossings are looked up afresh
+            crossing_edge = -1
+    count = counts[row, edge] if counts.shape[0] > 0 else trie[3][edge]
+    if edge >= crossing_edge:
+        if edge > crossing_edge:
+            crossing_edge, crossing_times = next_crossing(table, row, table[row, EMITTED], extra_tool, trie_index,
+                                                          at_depth, n_tools, trie[7], trie[8], edge)
+        if edge == crossing_edge:
+            count -= crossing_times
+    return edge, kind, count, crossing_edge, crossing_times
+
+
+@_jit
+def n_candidates(fr: Any) -> int:
+    return fr[2] + fr[5]
+
+
+@_jit
+def best_move(row: int, srow: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id: int, table: Any,
+              counts: Any, allowed: Any, scores: Any, hidden: Any, full_to_output: Any, with_stats: bool
+              ) -> tuple[float, int, int, int, float, float, float, int, int]:
+    """This lane's best legal move of a constrained, running slot: (score, token, kind, edge); token -1: none.
+    Then, with ``with_stats`` (else -inf, -inf, 0), this lane's runner-up value and its online log-sum-exp
+    (max, sum) over its legal tokens; then how many legal tokens this lane saw, and how many of them continue
+    the current name (edges and stop, not hops). Scores are read from row ``srow``."""
+    fr = frame(row, trie, table, allowed)
     best_value, best_token, best_kind, best_edge = -np.inf, -1, -1, -1
     runner_up, lse_max, lse_sum = -np.inf, -np.inf, 0.0
-    # The next edge a used tool crosses (see next_crossing; -1: not looked up yet), looked up again only once this
-    # lane is past it.
-    crossing_edge, crossing_times, hopping = -1, 0, False
-    for i in range(lane, n_own + n_hop, stride):
-        if i < n_own:
-            edge, kind, trie_index, at_depth, extra_tool = own_first + i, MOVE_EDGE, own_trie, depth, -1
-        else:
-            edge, kind, trie_index, at_depth, extra_tool = hop_first + i - n_own, MOVE_HOP, hop_trie, 0, tool
-            if not hopping:  # the hop's edges, at another node: their crossings are looked up afresh
-                crossing_edge, hopping = -1, True
-        # The count of unused tools below the edge: its compiled count minus the used tools (and, for a hop,
-        # this terminal's tool) whose path crosses it. Edges come in ascending order, so one comparison an edge
-        # tells whether any does: the used tools are looked up a few times a step, not once per edge.
-        count = counts[row, edge] if own_counts else edge_tool_count[edge]
-        if edge >= crossing_edge:
-            if edge > crossing_edge:
-                crossing_edge, crossing_times = next_crossing(table, row, emitted, extra_tool, trie_index,
-                                                              at_depth, n_tools, tool_path_start, tool_path_edges,
-                                                              edge)
-            if edge == crossing_edge:
-                count -= crossing_times
-        token = edge_token[edge]
+    n_legal, n_continue = 0, 0
+    crossing_edge, crossing_times = -1, 0
+    for i in range(lane, n_candidates(fr), stride):
+        edge, kind, count, crossing_edge, crossing_times = open_edge(i, stride, row, fr, trie, n_tools, table,
+                                                                     counts, crossing_edge, crossing_times)
+        token = trie[1][edge]
         col = full_to_output[token]
         if count > 0 and col >= 0:
-            value = score(scores, hidden, row, col)
+            n_legal += 1
+            n_continue += 1 if kind == MOVE_EDGE else 0
+            value = score(scores, hidden, srow, col)
             if with_stats:
                 runner_up = max(runner_up, min(value, best_value))
                 lse_max, lse_sum = lse_add(lse_max, lse_sum, value)
             if beats(value, token, best_value, best_token):
                 best_value, best_token, best_kind, best_edge = value, token, kind, edge
-    if lane == 0 and unused and emitted + 1 == k and full_to_output[eos_id] >= 0:
-        value = score(scores, hidden, row, full_to_output[eos_id])
+    if lane == 0 and fr[7] and full_to_output[eos_id] >= 0:
+        n_legal += 1
+        n_continue += 1
+        value = score(scores, hidden, srow, full_to_output[eos_id])
         if with_stats:
             runner_up = max(runner_up, min(value, best_value))
             lse_max, lse_sum = lse_add(lse_max, lse_sum, value)
         if beats(value, eos_id, best_value, best_token):
             best_value, best_token, best_kind, best_edge = value, eos_id, MOVE_STOP, -1
-    return best_value, best_token, best_kind, best_edge, runner_up, lse_max, lse_sum
+    return best_value, best_token, best_kind, best_edge, runner_up, lse_max, lse_sum, n_legal, n_continue
 
 
 @_jit
-def best_plain(row: int, lane: int, stride: int, n_cols: int, scores: Any, hidden: Any, output_to_full: Any,
-               excluded: int, with_stats: bool) -> tuple[float, int, float, float, float]:
+def find_move(row: int, token: int, trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any
+              ) -> tuple[int, int]:
+    """Where ``token`` leads from a running constrained row: (kind, edge); kind -1 when it is not legal."""
+    fr = frame(row, trie, table, allowed)
+    if token == eos_id and fr[7]:
+        return MOVE_STOP, -1
+    crossing_edge, crossing_times = -1, 0
+    for i in range(n_candidates(fr)):
+        if i < fr[2] and trie[1][fr[1] + i] != token:
+            continue  # not this token: no need to count its tools (the hop's edges are counted in order)
+        edge, kind, count, crossing_edge, crossing_times = open_edge(i, 1, row, fr, trie, n_tools, table, counts,
+                                                                     crossing_edge, crossing_times)
+        if count > 0 and trie[1][edge] == token:
+            return kind, edge
+    return -1, -1
+
+
+@_jit
+def only_move(row: int, trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any
+              ) -> tuple[int, int, int]:
+    """(token, kind, edge) of a running constrained row's single legal move; token -1 when it has none or several."""
+    fr = frame(row, trie, table, allowed)
+    found_token, found_kind, found_edge = -1, -1, -1
+    if fr[7]:
+        found_token, found_kind = eos_id, MOVE_STOP
+    crossing_edge, crossing_times = -1, 0
+    for i in range(n_candidates(fr)):
+        edge, kind, count, crossing_edge, crossing_times = open_edge(i, 1, row, fr, trie, n_tools, table, counts,
+                                                                     crossing_edge, crossing_times)
+        if count > 0:
+            if found_kind >= 0:
+                return -1, -1, -1
+            found_token, found_kind, found_edge = trie[1][edge], kind, edge
+    return found_token, found_kind, found_edge
+
+
+@_jit
+def mark_legal(row: int, srow: int, trie: Any, n_tools: int, eos_id: int, table: Any,
+               counts: Any, allowed: Any, bitmask: Any) -> int:
+    """Set the bits of the row's legal tokens in ``bitmask[srow]`` (already cleared); returns how many."""
+    fr = frame(row, trie, table, allowed)
+    n = 0
+    if fr[7]:
+        or_bits(bitmask, srow, eos_id)
+        n += 1
+    crossing_edge, crossing_times = -1, 0
+    for i in range(n_candidates(fr)):
+        edge, _, count, crossing_edge, crossing_times = open_edge(i, 1, row, fr, trie, n_tools, table, counts,
+                                                                  crossing_edge, crossing_times)
+        if count > 0:
+            or_bits(bitmask, srow, trie[1][edge])
+            n += 1
+    return n
+
+
+@_jit
+def or_bits(bitmask: Any, srow: int, token: int) -> None:
+    """Set ``token``'s bit in row ``srow`` of an int32 bitmask (bit 31 of a word is its sign bit)."""
+    bitmask[srow, token >> 5] |= np.int32(1) << np.int32(token & 31)
+
+
+@_jit
+def best_plain(row: int, srow: int, lane: int, stride: int, n_cols: int, scores: Any, hidden: Any,
+               output_to_full: Any, excluded: int, with_stats: bool) -> tuple[float, int, float, float, float]:
     """This lane's share of a plain argmax (rows without a grammar, or still thinking): (score, full token), then
-    the statistics as in :func:`best_move`, over every column but ``excluded``. ``excluded`` (a full id, or -1)
-    is never chosen: a constrained row may not stop while it thinks."""
+    the statistics as in :func:`best_move`, over every column of score row ``srow`` but ``excluded``.
+    ``excluded`` (a full id, or -1) is never chosen: a constrained row may not stop while it thinks."""
     best_value, best_token = -np.inf, -1
     runner_up, lse_max, lse_sum = -np.inf, -np.inf, 0.0
     for col in range(lane, n_cols, stride):
         token = output_to_full[col]
         if token != excluded:
-            value = score(scores, hidden, row, col)
+            value = score(scores, hidden, srow, col)
             if with_stats:
                 runner_up = max(runner_up, min(value, best_value))
                 lse_max, lse_sum = lse_add(lse_max, lse_sum, value)
@@ -275,13 +368,11 @@ def plain_excluded(table: Any, row: int, eos_id: int) -> int:
 
 
 @_jit
-def take_move(row: int, token: int, kind: int, edge: int, trie: Any, table: Any, chosen: Any) -> None:
-    """Advance a constrained slot by its chosen move; no move at all is the error state (fail loudly)."""
+def take_move(row: int, token: int, kind: int, edge: int, trie: Any, table: Any) -> None:
+    """Advance a constrained slot by a legal move; no move at all (token -1) is the error state (fail loudly)."""
     if token < 0:
         table[row, STATUS] = ERROR
-        chosen[row] = -1
         return
-    chosen[row] = token
     emitted = table[row, EMITTED]
     if kind == MOVE_EDGE:
         table[row, NODE] = trie[2][edge]
@@ -297,11 +388,10 @@ def take_move(row: int, token: int, kind: int, edge: int, trie: Any, table: Any,
 
 
 @_jit
-def take_plain(row: int, token: int, eos_id: int, reasoning_end_id: int, table: Any, chosen: Any) -> None:
-    """Record a plain argmax: a thinking row starts its constraint after the marker; a row without a
-    grammar is done at the stop token; a row with nothing to choose (every column excluded) fails."""
-    chosen[row] = token
-    if token < 0:
+def take_plain(row: int, token: int, eos_id: int, reasoning_end_id: int, table: Any) -> None:
+    """Record a plain token: a thinking row starts its constraint after the marker and may not stop before its
+    answer; a row without a grammar is done at the stop token; no token at all (every column excluded) fails."""
+    if token < 0 or (table[row, THINKING] != 0 and token == eos_id):
         table[row, STATUS] = ERROR
     elif table[row, THINKING] != 0 and token == reasoning_end_id:
         table[row, THINKING] = 0
@@ -314,28 +404,146 @@ def is_plain(table: Any, row: int) -> bool:
     return table[row, CONSTRAINED] == 0 or table[row, THINKING] != 0
 
 
+@_jit
+def accept_token(row: int, token: int, trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any,
+                 counts: Any, allowed: Any) -> None:
+    """Advance a row by a token chosen elsewhere. A row that is not running ignores it (done, or failed for good);
+    an illegal token puts the row in the error state."""
+    if table[row, STATUS] != RUNNING:
+        return
+    if is_plain(table, row):
+        take_plain(row, token, eos_id, reasoning_end_id, table)
+        return
+    kind, edge = find_move(row, token, trie, n_tools, eos_id, table, counts, allowed)
+    take_move(row, token if kind >= 0 else -1, kind, edge, trie, table)
+
+
+@_jit
+def follow_forced(row: int, srow: int, trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any,
+                  allowed: Any, forced: Any, n_forced: Any) -> None:
+    """Take the moves the trie forces from here (each the only legal one, the stop included), writing them to
+    ``forced[srow]`` and their number to ``n_forced[srow]``; at most ``forced.shape[1]`` (the next step goes on)."""
+    n = 0
+    while n < forced.shape[1] and table[row, STATUS] == RUNNING and not is_plain(table, row):
+        token, kind, edge = only_move(row, trie, n_tools, eos_id, table, counts, allowed)
+        if token < 0:
+            break
+        take_move(row, token, kind, edge, trie, table)
+        forced[srow, n] = token
+        n += 1
+    if n_forced.shape[0] > 0:
+        n_forced[srow] = n
+
+
+@_jit
+def put_decision(decision: Any, srow: int, table: Any, row: int, n_legal: int, n_continue: int) -> None:
+    """What the engine's scores need of a decision (when ``decision`` has rows): how many tokens were legal, how
+    many continued the current name, and which tool (by rank, from 0) the decision was about: the one being
+    spelled, unless every option starts the next one. Written before the move is taken."""
+    if decision.shape[0] > 0:
+        decision[srow, 0] = n_legal
+        decision[srow, 1] = n_continue
+        decision[srow, 2] = table[row, EMITTED] + (1 if n_continue == 0 else 0)
+
+
+# -- the CPU backend's batch loops (``kernels/cpu.py``); ``rows[i]`` is the state row of score row i, -1: none -----
+
 @_entry
-def step_rows(node_edge_start: Any, edge_token: Any, edge_child: Any, edge_tool_count: Any, node_tool: Any,
-               trie_root: Any, phase_trie: Any, tool_path_start: Any, tool_path_edges: Any, n_tools: int,
-               eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any, scores: Any, hidden: Any,
-               n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any, stats: Any) -> None:
-    """The CPU backend's batch loop: each running row takes its best move (or plain argmax), one at a time;
-    ``stats [B, 3]`` gets each row's statistics (:func:`put_stats`) unless it has no rows."""
-    trie = (node_edge_start, edge_token, edge_child, edge_tool_count, node_tool, trie_root, phase_trie,
-            tool_path_start, tool_path_edges)
+def choose_rows(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any,
+                allowed: Any, rows: Any, scores: Any, hidden: Any, n_cols: int, full_to_output: Any,
+                output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any) -> None:
+    """Each running row takes its best move (or plain argmax), then the moves the trie forces after it; ``stats``
+    (:func:`put_stats`), ``decision`` (:func:`put_decision`) and ``forced`` are written when they have rows."""
     with_stats = stats.shape[0] > 0
-    for row in range(table.shape[0]):
-        chosen[row] = -1
-        if table[row, STATUS] != RUNNING:
-            no_stats(stats, row)
+    for srow in range(rows.shape[0]):
+        row = rows[srow]
+        chosen[srow] = -1
+        if n_forced.shape[0] > 0:
+            n_forced[srow] = 0
+        if row < 0 or table[row, STATUS] != RUNNING:
+            no_stats(stats, srow)
             continue
         if is_plain(table, row):
             value, token, runner_up, lse_max, lse_sum = best_plain(
-                row, 0, 1, n_cols, scores, hidden, output_to_full, plain_excluded(table, row, eos_id), with_stats)
-            put_stats(stats, row, value, runner_up, lse_max, lse_sum)
-            take_plain(row, token, eos_id, reasoning_end_id, table, chosen)
+                row, srow, 0, 1, n_cols, scores, hidden, output_to_full, plain_excluded(table, row, eos_id),
+                with_stats)
+            put_stats(stats, srow, value, runner_up, lse_max, lse_sum)
+            chosen[srow] = token
+            take_plain(row, token, eos_id, reasoning_end_id, table)
+        else:
+            value, token, kind, edge, runner_up, lse_max, lse_sum, n_legal, n_continue = best_move(
+                row, srow, 0, 1, trie, n_tools, eos_id, table, counts, allowed, scores, hidden, full_to_output,
+                with_stats)
+            put_stats(stats, srow, value, runner_up, lse_max, lse_sum)
+            put_decision(decision, srow, table, row, n_legal, n_continue)
+            chosen[srow] = token
+            take_move(row, token, kind, edge, trie, table)
+        follow_forced(row, srow, trie, n_tools, eos_id, table, counts, allowed, forced, n_forced)
+
+
+@_entry
+def accept_rows(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any,
+                allowed: Any, rows: Any, tokens: Any, n_tokens: Any) -> None:
+    """Row ``rows[i]`` takes ``tokens[i, :n_tokens[i]]`` in order (:func:`accept_token`)."""
+    for i in range(rows.shape[0]):
+        row = rows[i]
+        if row >= 0:
+            for j in range(n_tokens[i]):
+                accept_token(row, tokens[i, j], trie, n_tools, eos_id, reasoning_end_id, table, counts, allowed)
+
+
+@_entry
+def forced_rows(trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any, rows: Any,
+                forced: Any, n_forced: Any) -> None:
+    """Each row takes the moves the trie forces from where it stands (:func:`follow_forced`)."""
+    for i in range(rows.shape[0]):
+        if rows[i] >= 0:
+            follow_forced(rows[i], i, trie, n_tools, eos_id, table, counts, allowed, forced, n_forced)
+        elif n_forced.shape[0] > 0:
+            n_forced[i] = 0
+
+
+@_entry
+def fill_rows(trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any, rows: Any,
+              bitmask: Any) -> None:
+    """Row ``i`` of the int32 ``bitmask`` gets the legal next tokens of state row ``rows[i]`` (-1: left as it is):
+    the trie's legal tokens while it runs; every token but stop while it thinks; every token without a grammar; only
+    stop once it is done or failed (an engine pads finished rows with it; a failed answer ends). A running row with
+    nothing legal enters the error state (and gets only stop)."""
+    for i in range(rows.shape[0]):
+        row = rows[i]
+        if row < 0:
             continue
-        value, token, kind, edge, runner_up, lse_max, lse_sum = best_move(
-            row, 0, 1, trie, n_tools, eos_id, table, counts, allowed, scores, hidden, full_to_output, with_stats)
-        put_stats(stats, row, value, runner_up, lse_max, lse_sum)
-        take_move(row, token, kind, edge, trie, table, chosen)
+        status, plain = table[row, STATUS], is_plain(table, row)
+        if status == RUNNING and plain:
+            bitmask[i, :] = -1
+            if table[row, CONSTRAINED] != 0:
+                bitmask[i, eos_id >> 5] &= ~(np.int32(1) << np.int32(eos_id & 31))
+            continue
+        bitmask[i, :] = 0
+        if status == RUNNING and mark_legal(row, i, trie, n_tools, eos_id, table, counts, allowed, bitmask) == 0:
+            table[row, STATUS] = ERROR
+            status = ERROR
+        if status != RUNNING:
+            or_bits(bitmask, i, eos_id)
+
+
+@_entry
+def mask_rows(bitmask: Any, rows: Any, logits_bits: Any, minus_inf: int) -> None:
+    """Write ``minus_inf`` (the bit pattern of -inf in the logits' dtype, viewed as integers of the same width)
+    over every logit whose bit is clear in ``bitmask[i]``, for the rows with ``rows[i] >= 0``; columns past the
+    bitmask are masked too. Whole words of allowed tokens are skipped."""
+    n_cols = logits_bits.shape[1]
+    for i in range(rows.shape[0]):
+        if rows[i] < 0:
+            continue
+        for word in range(bitmask.shape[1]):
+            bits = bitmask[i, word]
+            if bits == -1:
+                continue
+            first = word << 5
+            for bit in range(min(32, n_cols - first)):
+                if (bits >> bit) & 1 == 0:
+                    logits_bits[i, first + bit] = minus_inf
+        for col in range(bitmask.shape[1] << 5, n_cols):
+            logits_bits[i, col] = minus_inf
