@@ -7,10 +7,8 @@ tokenizes; ``parse`` is what evaluation scores through. Its version and hash are
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,21 +66,3 @@ class Contract:
         canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
-
-def separator_text(text: str) -> str:
-    r"""``--separator``'s value: ``\n``, ``\t`` and ``\\`` typed in a shell are the characters they name.
-
-    >>> separator_text(r"\n"), separator_text(", "), separator_text(r"a\\nb")
-    ('\n', ', ', 'a\\nb')
-    """
-    escapes = {"n": "\n", "t": "\t", "\\": "\\"}
-    return re.sub(r"\\([nt\\])", lambda match: escapes[match.group(1)], text)
-
-
-def add_separator_option(command: argparse.ArgumentParser, *, default: str | None = None) -> None:
-    """``--separator`` on a command: with a ``default`` the command compiles; without one, it compiles registry files
-    with it (an artifact holds its own)."""
-    where = "" if default is not None else " where a registry file is compiled (an artifact holds its own)"
-    command.add_argument("--separator", type=separator_text, default=default,
-                         help=f"the contract's separator{where}; \\n, \\t and \\\\ are read as escapes "
-                              "(default: ', ')")

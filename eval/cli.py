@@ -15,7 +15,7 @@ DEFAULT_EVAL_ARMS = "engine,hf,unconstrained,xgrammar"
 
 def add_commands(commands: Any) -> None:
     """Register the subcommands on ``tooltrie``'s subparsers."""
-    from tooltrie.compiler.contract import add_separator_option
+    from tooltrie.options import add_separator_option
 
     ev = commands.add_parser("eval", help="score a model and an artifact on labelled queries, per arm")
     ev.add_argument("--dataset", default="metatool-single",

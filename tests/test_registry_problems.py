@@ -11,7 +11,7 @@ import pytest
 
 from tooltrie.cli import main
 from tooltrie.compiler import Contract, TokenizerInfo, compile_registry
-from tooltrie.compiler.contract import separator_text
+from tooltrie.options import separator_text
 from tooltrie.registry import load_registry
 from tooltrie.registry.problems import CAUSES, Problem, RegistryProblems
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tooltrie.errors import TooltrieError
+from tooltrie.options import add_separator_option
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -20,7 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     compile_cmd.add_argument("registry", type=Path, help="registry file (.yaml, .json, .jsonl)")
     compile_cmd.add_argument("--tokenizer", default=None,
                              help="tokenizer directory, tokenizer.json, or bundled name (default: smollm2-135m)")
-    _add_separator_option(compile_cmd, default=", ")
+    add_separator_option(compile_cmd, default=", ")
     compile_cmd.add_argument("-o", "--output", type=Path, required=True, help="artifact file to write")
     compile_cmd.add_argument("--format", choices=("text", "json"), default="text",
                              help="how errors are reported: text on stderr, or one JSON object on stdout listing "
@@ -47,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ask_cmd.add_argument("--k", type=int, default=3, help="how many tools (default 3)")
     ask_cmd.add_argument("--registry", type=Path, default=None,
                          help="registry file or compiled artifact (default: the bundled catalog)")
-    _add_separator_option(ask_cmd)
+    add_separator_option(ask_cmd)
     ask_cmd.add_argument("--model", default=None,
                          help="local Hugging Face causal-LM directory or adapter directory (default: SmolLM2 with "
                               "the bundled adapter)")
@@ -64,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve_cmd.add_argument("--registry", type=Path, action="append", default=None,
                            help="registry file or compiled artifact to serve; repeat for several, the first is "
                                 "the default (default: the bundled catalog)")
-    _add_separator_option(serve_cmd)
+    add_separator_option(serve_cmd)
     serve_cmd.add_argument("--model", default=None, help="local Hugging Face causal-LM directory (default: SmolLM2)")
     serve_cmd.add_argument("--base", action="store_true", help="the base model alone, without the bundled adapter")
     serve_cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
@@ -111,12 +112,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `tooltrie inspect ... | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-
-
-def _add_separator_option(command: argparse.ArgumentParser, *, default: str | None = None) -> None:
-    from tooltrie.compiler.contract import add_separator_option
-
-    add_separator_option(command, default=default)
 
 
 def _compile(args: argparse.Namespace) -> int:

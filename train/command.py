@@ -25,7 +25,7 @@ _LORA = LoraSettings()
 
 def add_gen_data_command(commands: Any) -> None:
     """Add ``gen-data`` to the ``tooltrie`` subcommands (an ``argparse`` subparsers object)."""
-    from tooltrie.compiler.contract import add_separator_option
+    from tooltrie.options import add_separator_option
 
     gen = commands.add_parser("gen-data", help="regenerate training data from a registry and labelled queries")
     gen.add_argument("--registry", type=Path, default=None,
@@ -50,7 +50,7 @@ def add_gen_data_command(commands: Any) -> None:
 
 def add_train_command(commands: Any) -> None:
     """Add ``train`` to the ``tooltrie`` subcommands (an ``argparse`` subparsers object)."""
-    from tooltrie.compiler.contract import add_separator_option
+    from tooltrie.options import add_separator_option
 
     cmd = commands.add_parser("train", help="fine-tune the default model on training data: a small LoRA adapter",
                               description="Fine-tune a base model on the directory `tooltrie gen-data` wrote, and "
