@@ -84,3 +84,15 @@ def test_no_tracked_file_talks_of_the_process_or_holds_a_machine_path() -> None:
     assert "README.md" in files
     found = [line for name in files if (REPO / name).is_file() for line in findings(REPO / name, name=name)]
     assert not found, f"{len(found)} line(s) to rewrite:\n" + "\n".join(found[:60])
+
+
+def test_benchmark_results_name_repository_files_relative(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import _common
+
+    inside = str(REPO / "registry" / "catalog.yaml")
+    written = _common.write_results("relative", settings={"registry": inside}, out=tmp_path / "relative.json",
+                                    results=[{"source": inside, "other": "/elsewhere/file"}])
+    text = written.read_text(encoding="utf-8")
+    assert not findings(written), text
+    assert '"registry/catalog.yaml"' in text and '"/elsewhere/file"' in text
