@@ -1,4 +1,5 @@
 """Serving: the default language model (``model``) with its LoRA adapter merged (``adapter``), the decoding engine
-(``engine``), a transformers logits processor (``hf``), the retrieval pre-filter (``prefilter``, over
-``tooltrie.retrieval``), and the HTTP/MCP discovery endpoint (``server``: a ``service`` whose ``worker`` thread
-drives the engines; ``access``, ``policy``, ``mcp_tools``, ``schema``, ``limits``, ``errors``, ``metrics``)."""
+(``engine``, on the shared-prefix ``decoder``), the retrieval pre-filter (``prefilter``, over ``tooltrie.retrieval``),
+and the HTTP/MCP discovery endpoint (``server``: a ``service`` whose ``worker`` thread drives the engines; ``access``,
+``policy``, ``mcp_tools``, ``schema``, ``limits``, ``errors``, ``metrics``). The Hugging Face and vLLM adapters are in
+``tooltrie.integrations``."""
