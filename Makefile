@@ -41,7 +41,7 @@ lint: install
 	$(BIN)/ruff check .
 	rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/tooltrie
 	for f in tooltrie/*.py tooltrie/py.typed; do ln -s ../../../$$f $(TYPECHECK)/tooltrie/; done
-	for d in registry compiler kernels serve eval train; do ln -s ../../../$$d $(TYPECHECK)/tooltrie/$$d; done
+	for d in registry compiler kernels serve eval train integrations; do ln -s ../../../$$d $(TYPECHECK)/tooltrie/$$d; done
 	cd $(TYPECHECK) && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p tooltrie
 
 compile-registry: $(ARTIFACT)
@@ -104,7 +104,7 @@ $(VLLM_ENV)/.installed: | install
 	touch $@
 
 test-vllm: $(VLLM_ENV)/.installed
-	NUMBA_ENABLE_CUDASIM=1 $(VLLM_ENV)/bin/python -m pytest -p no:cacheprovider tests/test_vllm_processors.py
+	NUMBA_ENABLE_CUDASIM=1 $(VLLM_ENV)/bin/python -m pytest -p no:cacheprovider tests/test_vllm_processors.py tests/test_integrations_agree.py
 
 inspect: $(ARTIFACT)
 	$(BIN)/tooltrie inspect $(ARTIFACT)

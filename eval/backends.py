@@ -166,7 +166,7 @@ class HfArm(GenerateArm):
     name = "hf"
 
     def processor(self, k: int) -> Any:
-        from tooltrie.serve.hf import TrieLogitsProcessor
+        from tooltrie.integrations.hf import TrieLogitsProcessor
 
         return TrieLogitsProcessor(self.setup.artifact, k)
 

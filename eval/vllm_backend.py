@@ -1,6 +1,7 @@
 """The vLLM arms (GPU machines with ``pip install tooltrie[vllm]``): offline ``LLM`` with three kinds of request.
 
-- ``vllm``: our constraint as a vLLM logits processor (``vllm_processors.py``), built from the same artifact file;
+- ``vllm``: our constraint as a vLLM logits processor (``tooltrie.integrations.vllm``), built from the same artifact
+  file;
 - ``vllm-xgrammar``: ``StructuredOutputsParams(grammar=exactly_k_ebnf(...))`` through vLLM's xgrammar backend: what
   the string-level stack can express (repeats slip through);
 - ``vllm-unconstrained``: plain greedy.
@@ -57,7 +58,7 @@ class VllmArm(Arm):
         eos = self.setup.artifact.eos_id
         common: dict[str, Any] = {"temperature": 0.0, "stop_token_ids": [eos], "skip_special_tokens": False}
         if self.mode == "trie":
-            from tooltrie.eval.vllm_processors import request_args
+            from tooltrie.integrations.vllm_rows import request_args
 
             return SamplingParams(max_tokens=self.setup.answer_budget(k),
                                   extra_args=request_args(self.artifact_path, k), **common)
@@ -87,7 +88,7 @@ def shared_llm(model_path: str, **options: Any) -> Any:
     """One ``LLM`` per model and process, with our logits processor registered and xgrammar for grammars."""
     from vllm import LLM
 
-    from tooltrie.eval.vllm_processors import processor_class
+    from tooltrie.integrations.vllm import processor_class
 
     settings: dict[str, Any] = {"seed": 0, "enable_prefix_caching": True, "gpu_memory_utilization": 0.5,
                                 "structured_outputs_config": {"backend": "xgrammar"}, **options}

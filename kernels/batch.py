@@ -37,6 +37,7 @@ from tooltrie.kernels.state import DONE, ERROR, RUNNING, BatchState
 from tooltrie.kernels.vocab import VocabMap
 
 Rows = Sequence[int] | npt.NDArray[np.integer] | None
+_INT32_MAX = 2**31 - 1
 
 
 class Backend(Protocol):
@@ -144,7 +145,7 @@ class TrieBatch:
     def move(self, source: int, target: int) -> None:
         size = len(self.state)
         self.state.move(source, target)
-        self._synced([target] if len(self.state) == size else range(len(self.state)))
+        self._synced([source, target] if len(self.state) == size else range(len(self.state)))
 
     def swap(self, a: int, b: int) -> None:
         size = len(self.state)
@@ -191,13 +192,14 @@ class TrieBatch:
         lists, or an int array ``[n, T]`` where every row takes all T). An illegal token puts that row in the error
         state (fail loudly); nothing raises for one bad row."""
         if isinstance(tokens, np.ndarray):
-            ids = np.ascontiguousarray(tokens, dtype=np.int32).reshape(len(tokens), -1)
-            lengths = np.full(len(ids), ids.shape[1], dtype=np.int32)
+            wide = np.asarray(tokens, dtype=np.int64).reshape(len(tokens), -1)
+            lengths = np.full(len(wide), wide.shape[1], dtype=np.int32)
         else:
             lengths = np.fromiter((len(t) for t in tokens), dtype=np.int32, count=len(tokens))
-            ids = np.zeros((len(tokens), int(lengths.max(initial=0))), dtype=np.int32)
+            wide = np.zeros((len(tokens), int(lengths.max(initial=0))), dtype=np.int64)
             for i, row_tokens in enumerate(tokens):
-                ids[i, : lengths[i]] = row_tokens
+                wide[i, : lengths[i]] = row_tokens
+        ids = np.where((wide < 0) | (wide > _INT32_MAX), -1, wide).astype(np.int32)  # no token: illegal anywhere
         self.backend.accept(self.state, self._rows(rows, len(ids)), ids, lengths)
 
     def fill_bitmask(self, bitmask: Any, rows: Rows = None) -> None:

@@ -16,40 +16,36 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from tooltrie.compiler.artifact import Artifact
-from tooltrie.kernels.bitmask import set_allowed
-from tooltrie.kernels.rules import Slot, Status, advance, legal_moves
-from tooltrie.kernels.state import check_k, check_subset
-
-
-@dataclass(frozen=True)
-class _State:
-    slot: Slot
-    thinking: bool
+from tooltrie.kernels import walk as walk_columns  # the state row's layout
+from tooltrie.kernels.batch import TrieBatch
+from tooltrie.kernels.bitmask import allowed_tokens, get_bitmask_shape
+from tooltrie.kernels.state import DONE, ERROR, check_k, check_subset
 
 
 class TrieMatcher:
-    """Matches one answer token by token; every accepted token can be rolled back.
+    """Matches one answer token by token; every accepted token can be rolled back. A one-row view of the batch
+    state every consumer drives (``kernels/batch.py``), on the CPU backend unless told otherwise.
 
     With ``reasoning_end_id`` set, the matcher accepts anything until that marker (the model's reasoning),
     and the constraint starts on the token after it.
     """
 
     def __init__(self, artifact: Artifact, k: int, *, reasoning_end_id: int | None = None,
-                 allowed: Collection[int] | None = None) -> None:
+                 allowed: Collection[int] | None = None, backend: str = "cpu") -> None:
         check_k(k, artifact.trie.n_tools)
         check_subset(artifact, allowed, k)
         self.artifact = artifact
         self.k = k
         self.reasoning_end_id = reasoning_end_id
-        subset = None if allowed is None else frozenset(allowed)
-        self._initial = _State(Slot.start(artifact.trie, k, subset), thinking=reasoning_end_id is not None)
-        self._history = [self._initial]
+        self._batch = TrieBatch(artifact, backend=backend, capacity=1, reasoning_end_id=reasoning_end_id)
+        self._batch.add(0, k, thinking=reasoning_end_id is not None, subset=allowed)
+        self._history = [self._batch.checkpoint(0)]  # the row after each accepted token (a few ints each)
+        self._scratch = np.empty(get_bitmask_shape(1, artifact.max_token_id + 1), dtype=np.int32)
 
     @property
     def accepted(self) -> int:
@@ -57,76 +53,74 @@ class TrieMatcher:
         return len(self._history) - 1
 
     @property
-    def _state(self) -> _State:
-        return self._history[-1]
+    def _thinking(self) -> bool:
+        return bool(self._history[-1][walk_columns.THINKING])
+
+    @property
+    def _status(self) -> int:
+        return int(self._history[-1][walk_columns.STATUS])
 
     def legal_tokens(self) -> list[int] | None:
         """The legal next tokens in ascending order, or None while thinking (then anything but stop is legal)."""
-        if self._state.thinking:
+        if self._thinking:
             return None
-        return sorted(legal_moves(self.artifact.trie, self._state.slot, self.artifact.eos_id))
+        if self._status != walk_columns.RUNNING:
+            return []
+        self._batch.fill_bitmask(self._scratch)
+        self._batch.restore(0, self._history[-1])  # a row with nothing legal was put in error: not by a query
+        return allowed_tokens(self._scratch[0], self._scratch.shape[1] * 32).tolist()
 
     def accept_token(self, token: int) -> bool:
         """Advance by ``token`` if legal; an illegal token is refused and changes nothing."""
-        state = self._state
-        if state.thinking:
-            if token == self.artifact.eos_id:
-                return False  # the answer is owed: no stop before it, not even while thinking
-            self._history.append(replace(state, thinking=token != self.reasoning_end_id))
-            return True
-        move = legal_moves(self.artifact.trie, state.slot, self.artifact.eos_id).get(int(token))
-        if move is None:
+        if self._status != walk_columns.RUNNING:
             return False
-        self._history.append(replace(state, slot=advance(self.artifact.trie, state.slot, move)))
+        self._batch.accept([[int(token)]])
+        if self._batch.status(0) == ERROR:
+            self._batch.restore(0, self._history[-1])
+            return False
+        self._history.append(self._batch.checkpoint(0))
         return True
 
     def fill_next_token_bitmask(self, bitmask: npt.NDArray[np.int32], index: int = 0) -> bool:
         """Write the legal next tokens into row ``index``; returns whether the row restricts anything."""
-        tokens = self.legal_tokens()
-        if tokens is None:
-            bitmask[index] = -1
-            eos = self.artifact.eos_id
-            bitmask[index].view(np.uint32)[eos >> 5] &= ~np.uint32(1 << (eos & 31))
-            return True
-        set_allowed(bitmask[index], tokens)
+        self._batch.fill_bitmask(bitmask[index : index + 1])
+        if self._status == DONE:
+            bitmask[index] = 0  # nothing follows a finished answer
+        self._batch.restore(0, self._history[-1])
         return True
 
     def rollback(self, num_tokens: int = 1) -> None:
         if not 0 <= num_tokens < len(self._history):
             raise ValueError(f"cannot roll back {num_tokens} tokens: {len(self._history) - 1} accepted")
         del self._history[len(self._history) - num_tokens :]
+        self._batch.restore(0, self._history[-1])
 
     def reset(self) -> None:
-        self._history = [self._initial]
+        self.rollback(self.accepted)
 
     def is_terminated(self) -> bool:
-        return self._state.slot.status is Status.DONE
+        return self._status == DONE
 
     def is_error(self) -> bool:
         """True when no token is legal (never, for a valid artifact and 1 <= k <= tools)."""
-        return not self._state.thinking and not self.is_terminated() and not self.legal_tokens()
+        return not self._thinking and not self.is_terminated() and not self.legal_tokens()
 
     def tools(self) -> list[int]:
-        return list(self._state.slot.used)
+        row = self._history[-1]
+        return row[walk_columns.USED : walk_columns.USED + row[walk_columns.EMITTED]].tolist()
 
     def tool_names(self) -> list[str]:
         return [self.artifact.registry.tools[t].name for t in self.tools()]
 
     def forced_tokens(self, *, include_stop: bool = False) -> list[int]:
         """The run of tokens the trie forces from here (jump-forward): each the only legal next token."""
-        if self._state.thinking:
+        if self._thinking:
             return []
-        trie, eos = self.artifact.trie, self.artifact.eos_id
-        slot, forced = self._state.slot, list[int]()
-        while True:
-            moves = legal_moves(trie, slot, eos)
-            if len(moves) != 1:
-                return forced
-            (move,) = moves.values()
-            if move.kind == "stop" and not include_stop:
-                return forced
-            forced.append(move.token)
-            slot = advance(trie, slot, move)
+        (forced,) = self._batch.follow_forced()
+        self._batch.restore(0, self._history[-1])
+        if forced and forced[-1] == self.artifact.eos_id and not include_stop:
+            forced.pop()
+        return forced
 
     def fill_draft_tree_bitmask(self, tokens: Sequence[int], parents: Sequence[int],
                                 bitmask: npt.NDArray[np.int32]) -> npt.NDArray[np.bool_]:

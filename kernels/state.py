@@ -228,12 +228,15 @@ class BatchState:
         self.status[row], self.constrained[row] = DONE, 0
 
     def move(self, source: int, target: int) -> None:
-        """Row ``source``'s request moves to ``target`` (whose own request, if any, is dropped)."""
+        """Row ``source``'s request moves to ``target`` (whose own request, if any, is dropped); ``source`` is free."""
         if max(source, target) >= len(self):
             self.grow(max(source, target) + 1)
+        if source == target:
+            return
         self.table[target] = self.table[source]
         if self.counts.shape[0]:
             self.counts[target], self.allowed[target] = self.counts[source], self.allowed[source]
+        self.remove(source)
 
     def swap(self, a: int, b: int) -> None:
         """Rows ``a`` and ``b`` trade places."""

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["tooltrie.eval.datasets", "tooltrie.eval.scoring", "tooltrie.eval.constraint"]
+MODULES = ["tooltrie.eval.datasets", "tooltrie.eval.scoring", "tooltrie.integrations.vllm_rows", "tooltrie.kernels.batch"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -1,6 +1,6 @@
-"""The Hugging Face integration (tooltrie.serve.hf.TrieLogitsProcessor) under ``model.generate``, with the tiny random
-Llama that has SmolLM2's vocabulary: greedy ``generate`` under the processor gives the engine's answers token for
-token, and the reference decoder's on the full head (see ``support.serve``).
+"""The Hugging Face integration (tooltrie.integrations.hf.TrieLogitsProcessor) under ``model.generate``, with the tiny
+random Llama that has SmolLM2's vocabulary: greedy ``generate`` under the processor gives the engine's answers token
+for token, and the reference decoder's on the full head (see ``support.serve``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from transformers import LogitsProcessorList
 
 from tooltrie.compiler import Artifact, TokenizerInfo
 from tooltrie.errors import DecodeError
+from tooltrie.integrations.hf import TrieLogitsProcessor
 from tooltrie.kernels.rules import Slot, legal_moves
 from tooltrie.serve.engine import Engine
-from tooltrie.serve.hf import TrieLogitsProcessor
 
 QUERIES = ("What is the weather in Paris?", "stock price of ACME",
            "Find me a cheap flight from Boston to Denver next Tuesday, and also check the exchange rate for euros")

@@ -12,8 +12,9 @@ the adapters the way each model runner does, with CPU tensors:
   ``SamplingParams(extra_args=...)`` and vLLM's parameter validators;
 - the ``vllm`` arms' requests (``SamplingParams``, ``StructuredOutputsParams(grammar=...)``) with a stand-in ``LLM``.
 
-At every step each constrained row's mask must equal ``RequestConstraint``'s for the same tokens (itself checked
-against the engine in ``test_vllm_constraint.py``), and unconstrained rows must be untouched. Not exercised here:
+At every step each constrained row's mask must equal the readable oracle's for the same tokens (``TrieMatcher`` on the
+reference backend; the batch rows themselves are checked against the engine in ``test_integrations_agree.py``), and
+unconstrained rows must be untouched. Not exercised here:
 vLLM's scheduler, its GPU model runner and a real ``LLM.generate``.
 """
 
@@ -49,12 +50,11 @@ from vllm.v1.worker.gpu.sample.logits_processor.loader import _load_v2_logitspro
 from tooltrie.compiler import Artifact, TokenizerInfo
 from tooltrie.compiler.ebnf import exactly_k_ebnf
 from tooltrie.eval.backends import EvalSetup
-from tooltrie.eval.constraint import RequestConstraint
 from tooltrie.eval.datasets import LabelledQuery
 from tooltrie.eval.vllm_backend import VllmArm
-from tooltrie.eval.vllm_processors import (
-    TrieLogitsProcessor,
-    TrieLogitsProcessorV1,
+from tooltrie.integrations.vllm import (
+    TrieVllmProcessor,
+    TrieVllmProcessorV1,
     processor_class,
     request_args,
 )
@@ -74,9 +74,10 @@ def walk(artifact: Artifact, k: int, rng: random.Random) -> list[int]:
 
 
 def expected_allowed(artifact: Artifact, k: int, outputs: list[int]) -> list[int]:
-    reference = RequestConstraint(artifact, k)
-    reference.update(outputs)
-    allowed = reference.allowed_tokens()
+    reference = TrieMatcher(artifact, k, backend="reference")
+    for token in outputs:
+        assert reference.accept_token(token)
+    allowed = [artifact.eos_id] if reference.is_terminated() else reference.legal_tokens()
     assert allowed is not None
     return allowed
 
@@ -98,17 +99,17 @@ def params(path: str | None, k: int = 1) -> SamplingParams:
 
 
 def test_vllm_loads_both_adapters_by_qualified_name() -> None:
-    assert _load_v2_logitsprocs_by_fqcns(["tooltrie.eval.vllm_processors:TrieLogitsProcessor"]) == [
-        TrieLogitsProcessor]
-    assert _load_logitsprocs_by_fqcns(["tooltrie.eval.vllm_processors:TrieLogitsProcessorV1"]) == [
-        TrieLogitsProcessorV1]
+    assert _load_v2_logitsprocs_by_fqcns(["tooltrie.integrations.vllm:TrieVllmProcessor"]) == [
+        TrieVllmProcessor]
+    assert _load_logitsprocs_by_fqcns(["tooltrie.integrations.vllm:TrieVllmProcessorV1"]) == [
+        TrieVllmProcessorV1]
 
 
 def test_processor_class_follows_the_model_runner(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
-    assert processor_class() is TrieLogitsProcessor
+    assert processor_class() is TrieVllmProcessor
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
-    assert processor_class() is TrieLogitsProcessorV1
+    assert processor_class() is TrieVllmProcessorV1
 
 
 BAD_ARGS = [  # (extra_args, what vLLM's validator reports)
@@ -127,14 +128,14 @@ def test_bad_request_arguments_are_refused_by_vllms_validators(artifact_path: st
     if args.get("artifact") == "{path}":
         args["artifact"] = artifact_path
     bad = SamplingParams(extra_args={"tooltrie": args})
-    validate_v2 = build_custom_logits_processors_params_validator([TrieLogitsProcessor])
+    validate_v2 = build_custom_logits_processors_params_validator([TrieVllmProcessor])
     with pytest.raises(VLLMValidationError, match=message):  # vLLM turns our ValueError into its own
         validate_v2(bad)
     with pytest.raises((ValueError, VLLMValidationError), match=message):
-        validate_logits_processors_parameters([TrieLogitsProcessorV1], bad)
+        validate_logits_processors_parameters([TrieVllmProcessorV1], bad)
     validate_v2(params(artifact_path, 3))  # good ones and plain ones pass
     validate_v2(SamplingParams())
-    validate_logits_processors_parameters([TrieLogitsProcessorV1], params(artifact_path, 3))
+    validate_logits_processors_parameters([TrieVllmProcessorV1], params(artifact_path, 3))
 
 
 # --- the V2 model runner -------------------------------------------------------------------------------------------
@@ -153,7 +154,7 @@ class V2Runner:
             device=torch.device("cpu"), max_num_reqs=MAX_REQS, vocab_size=self.vocab,
             all_token_ids=SimpleNamespace(gpu=self.all_token_ids), prompt_len=SimpleNamespace(np=self.prompt_len),
             prefill_len=SimpleNamespace(np=self.prompt_len.copy()), total_len=SimpleNamespace(gpu=None))
-        self.processor = TrieLogitsProcessor(None, state)
+        self.processor = TrieVllmProcessor(None, state)
 
     def add(self, slot: int, sampling: SamplingParams, prompt: list[int], outputs: Sequence[int] = ()) -> bool:
         tokens = [*prompt, *outputs]
@@ -234,7 +235,7 @@ def test_v2_catches_up_with_a_request_resumed_after_preemption(catalog_artifact:
 def test_v1_masks_equal_the_core_through_batch_updates(catalog_artifact: Artifact, artifact_path: str) -> None:
     rng, torch_rng = random.Random(1), torch.Generator().manual_seed(1)
     vocab = catalog_artifact.max_token_id + 1
-    processor = TrieLogitsProcessorV1(None, torch.device("cpu"), False)
+    processor = TrieVllmProcessorV1(None, torch.device("cpu"), False)
     assert not processor.is_argmax_invariant()
     rows: list[dict[str, Any] | None] = []  # batch index -> {"k", "answer", "outputs"} (None k: plain)
     added = []
@@ -283,7 +284,7 @@ class StandInLLM:
 
     def __init__(self, artifact: Artifact) -> None:
         self.artifact, self.calls = artifact, []
-        self.processor = TrieLogitsProcessorV1(None, torch.device("cpu"), False)
+        self.processor = TrieVllmProcessorV1(None, torch.device("cpu"), False)
 
     def generate(self, prompts: list[dict[str, list[int]]], sampling: SamplingParams, use_tqdm: bool = True) -> Any:
         self.calls.append((prompts, sampling))
