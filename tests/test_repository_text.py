@@ -32,12 +32,16 @@ PROCESS_TALK = re.compile("|".join((
     r"\blent[ ](a[ ]|the[ ])?(gpu[ ]|device[ ])?machines?\b",
     r"\bad[- ]hoc,[ ]not[ ]committed\b",
 )), re.IGNORECASE)
+# The narrowest of them, which third-party text must pass too (a query that mentions "my next gym session" is data).
+CORE_TALK = re.compile(r"\bsession[ ][0-9]|\bissue[ ][0-9]|this[ ]VM\b|lent[ ](gpu[ ]|device[ ])?machine"
+                       r"|helper[ ]session|ad[- ]hoc,[ ]not[ ]committed", re.IGNORECASE)
 ENGINEER = re.compile(r"\bEngineer[ ][A-Z]\b")
 ABSOLUTE_PATH = re.compile(r"(?<![\w.~-])/(home|root|work|tmp|Users|mnt|scratch)/[A-Za-z0-9_.-]+/")
 
 
-def findings(path: Path, *, name: str | None = None) -> list[str]:
-    """``file:line: phrase`` for each line of ``path`` that talks of the process or holds an absolute path."""
+def findings(path: Path, *, name: str | None = None, third_party: bool = False) -> list[str]:
+    """``file:line: phrase`` for each line of ``path`` that talks of the process or holds an absolute path (in
+    third-party text: the core phrases only)."""
     data = path.read_bytes()
     if b"\0" in data[:8192]:
         return []  # binary (weights, images)
@@ -47,7 +51,7 @@ def findings(path: Path, *, name: str | None = None) -> list[str]:
         return []
     found = []
     for number, line in enumerate(text.splitlines(), 1):
-        for pattern in (PROCESS_TALK, ENGINEER, ABSOLUTE_PATH):
+        for pattern in (CORE_TALK,) if third_party else (PROCESS_TALK, ENGINEER, ABSOLUTE_PATH):
             match = pattern.search(line)
             if match:
                 found.append(f"{name or path}:{number}: {match.group(0)!r}")
@@ -58,7 +62,7 @@ def tracked_files() -> list[str]:
     if shutil.which("git") is None or not (REPO / ".git").exists():
         pytest.skip("not a git checkout: no list of tracked files")
     listed = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
-    return [name for name in listed.decode().split("\0") if name and not name.startswith(THIRD_PARTY)]
+    return [name for name in listed.decode().split("\0") if name]
 
 
 @pytest.mark.parametrize(("text", "caught"), [
@@ -79,10 +83,19 @@ def test_planted_phrases_are_found(tmp_path: Path, text: str, caught: bool) -> N
     assert bool(findings(planted)) == caught, findings(planted)
 
 
+def test_third_party_text_is_held_to_the_core_phrases(tmp_path: Path) -> None:
+    data = tmp_path / "queries.jsonl"
+    data.write_text('{"query": "When is my next gym session? Files in /ho' 'me/user/docs/"}\n', encoding="utf-8")
+    assert findings(data, third_party=True) == []
+    data.write_text('{"query": "measured in sess' 'ion 3"}\n', encoding="utf-8")
+    assert findings(data, third_party=True)
+
+
 def test_no_tracked_file_talks_of_the_process_or_holds_a_machine_path() -> None:
     files = tracked_files()
     assert "README.md" in files
-    found = [line for name in files if (REPO / name).is_file() for line in findings(REPO / name, name=name)]
+    found = [line for name in files if (REPO / name).is_file()
+             for line in findings(REPO / name, name=name, third_party=name.startswith(THIRD_PARTY))]
     assert not found, f"{len(found)} line(s) to rewrite:\n" + "\n".join(found[:60])
 
 
