@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tooltrie.eval.files import relative_paths
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -235,18 +237,6 @@ def _looks_numeric(text: str) -> bool:
     return True
 
 
-def repo_relative(value: Any) -> Any:
-    """``value`` with every string naming a path inside the repository made relative to it: committed results name
-    files the same on every machine."""
-    if isinstance(value, Mapping):
-        return {key: repo_relative(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [repo_relative(item) for item in value]
-    if isinstance(value, str) and value.startswith(f"{REPO_DIR}{os.sep}"):
-        return value[len(str(REPO_DIR)) + 1 :]
-    return value
-
-
 def write_results(name: str, *, settings: Mapping[str, Any], results: Any, out: str | Path | None = None) -> Path:
     """Write ``{"machine", "versions", "settings", "results"}`` to ``bench/results/<name>.json`` (or ``out``),
     atomically: a reader sees the old file or the whole new one."""
@@ -254,7 +244,7 @@ def write_results(name: str, *, settings: Mapping[str, Any], results: Any, out: 
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"machine": machine_info(), "versions": package_versions(), "settings": dict(settings),
                "results": results}
-    text = json.dumps(repo_relative(payload), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    text = json.dumps(relative_paths(payload, root=REPO_DIR), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -1,4 +1,5 @@
-"""Atomic writes: a reader sees the old file (or directory) or the whole new one, never half of it."""
+"""Writing results: atomically (a reader sees the old file or directory or the whole new one, never half of it), and
+naming files relative to the folder the command ran in, so that a result reads the same on every machine."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def write_text(path: str | Path, text: str) -> Path:
@@ -21,6 +23,20 @@ def write_text(path: str | Path, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def relative_paths(value: Any, *, root: str | Path | None = None) -> Any:
+    """``value`` (JSON-like) with every string that names a path inside ``root`` (default: the working directory)
+    made relative to it, a ``file:line`` suffix kept: ``/home/me/tooltrie/eval/data/q.jsonl:7`` ->
+    ``eval/data/q.jsonl:7``. Other strings are left as they are."""
+    prefix = str(Path(root or Path.cwd()).resolve()).rstrip(os.sep) + os.sep
+    if isinstance(value, dict):
+        return {key: relative_paths(item, root=prefix) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [relative_paths(item, root=prefix) for item in value]
+    if isinstance(value, str) and value.startswith(prefix):
+        return value[len(prefix) :]
+    return value
 
 
 def make_readable(path: str | Path) -> None:

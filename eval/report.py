@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tooltrie.errors import TooltrieError
-from tooltrie.eval.files import make_readable
+from tooltrie.eval.files import make_readable, relative_paths
 from tooltrie.eval.files import write_text as _write_text
 
 TABLE_COLUMNS = (  # (key in a summary, column title, format)
@@ -40,7 +40,7 @@ def write_results(results: dict[str, Any], out_dir: str | Path, *, plots: bool =
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"results": out / "results.json", "report": out / "report.md"}
-    _write_text(paths["results"], json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+    _write_text(paths["results"], json.dumps(relative_paths(results), indent=1, ensure_ascii=False) + "\n")
     if plots:
         paths["accuracy"] = out / "accuracy.png"
         paths["latency"] = out / "latency.png"
