@@ -123,6 +123,7 @@ class TrieBatch:
         self.state = BatchState.empty(capacity)
         self.forced_width = forced_width
         self._bitmask: Any = None  # scratch for mask_logits_, one row per score row
+        self._walk: Any = None  # the CPU walk, for host-side queries (runs)
         self.backend.sync(self.state, np.arange(capacity, dtype=np.int32))
 
     def __len__(self) -> int:
@@ -233,6 +234,28 @@ class TrieBatch:
         out = self.backend.outputs(len(state_rows), forced_width=self.forced_width)
         self.backend.follow_forced(self.state, state_rows, out)
         return _runs(out)
+
+    def runs(self, row: int, budget: int) -> list[tuple[int, ...]]:
+        """The runs from ``row``'s coming choice to its next one within the same name (``walk.next_runs``), up to
+        ``budget`` tokens in all: what an engine may feed speculatively beside the row. Host-side (CPU walk)."""
+        from tooltrie.kernels.walk import next_runs
+
+        state = self.fetch()
+        if state.status[row] != RUNNING or not state.constrained[row] or state.thinking[row] or budget <= 0:
+            return []
+        if self._walk is None:
+            from tooltrie.kernels.cpu import CpuBackend
+
+            self._walk = CpuBackend(self.artifact)
+        tokens, lengths = np.empty(budget, np.int32), np.empty(budget + 1, np.int32)
+        walk = self._walk
+        n_runs = next_runs(walk.trie, walk.n_tools, walk.eos_id, state.table, state.counts, state.allowed, row,
+                           budget, tokens, lengths)
+        runs, start = [], 0
+        for length in lengths[:n_runs].tolist():
+            runs.append(tuple(tokens[start : start + length].tolist()))
+            start += length
+        return runs
 
     def _choose(self, scores: Any, hidden: Any, rows: Rows, vocab: VocabMap | None, n_rows: int) -> Choice:
         state_rows = self._rows(rows, n_rows)

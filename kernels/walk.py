@@ -299,21 +299,22 @@ def find_move(row: int, token: int, trie: Any, n_tools: int, eos_id: int, table:
 
 @_jit
 def only_move(row: int, trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any
-              ) -> tuple[int, int, int]:
-    """(token, kind, edge) of a running constrained row's single legal move; token -1 when it has none or several."""
+              ) -> tuple[int, int, int, int]:
+    """How many legal moves a running constrained row has (counted up to 2), and the (token, kind, edge) of the
+    first one found."""
     fr = frame(row, trie, table, allowed)
-    found_token, found_kind, found_edge = -1, -1, -1
+    n, found_token, found_kind, found_edge = 0, -1, -1, -1
     if fr[7]:
-        found_token, found_kind = eos_id, MOVE_STOP
+        n, found_token, found_kind = 1, eos_id, MOVE_STOP
     crossing_edge, crossing_times = -1, 0
     for i in range(n_candidates(fr)):
         edge, kind, count, crossing_edge, crossing_times = open_edge(i, 1, row, fr, trie, n_tools, table, counts,
                                                                      crossing_edge, crossing_times)
         if count > 0:
-            if found_kind >= 0:
-                return -1, -1, -1
-            found_token, found_kind, found_edge = trie[1][edge], kind, edge
-    return found_token, found_kind, found_edge
+            if n > 0:
+                return 2, found_token, found_kind, found_edge
+            n, found_token, found_kind, found_edge = 1, trie[1][edge], kind, edge
+    return n, found_token, found_kind, found_edge
 
 
 @_jit
@@ -425,8 +426,8 @@ def follow_forced(row: int, srow: int, trie: Any, n_tools: int, eos_id: int, tab
     ``forced[srow]`` and their number to ``n_forced[srow]``; at most ``forced.shape[1]`` (the next step goes on)."""
     n = 0
     while n < forced.shape[1] and table[row, STATUS] == RUNNING and not is_plain(table, row):
-        token, kind, edge = only_move(row, trie, n_tools, eos_id, table, counts, allowed)
-        if token < 0:
+        n_moves, token, kind, edge = only_move(row, trie, n_tools, eos_id, table, counts, allowed)
+        if n_moves != 1:
             break
         take_move(row, token, kind, edge, trie, table)
         forced[srow, n] = token
@@ -547,3 +548,45 @@ def mask_rows(bitmask: Any, rows: Any, logits_bits: Any, minus_inf: int) -> None
                     logits_bits[i, first + bit] = minus_inf
         for col in range(bitmask.shape[1] << 5, n_cols):
             logits_bits[i, col] = minus_inf
+
+
+@_entry
+def next_runs(trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any, row: int, budget: int,
+              run_tokens: Any, run_lengths: Any) -> int:
+    """From a running constrained row, the runs that lead to its next choice inside the same name: a legal token,
+    then the tokens the trie forces after it (edges only: the name goes on), ending where more than one token is
+    legal again; in token order, each taken while it fits what is left of ``budget`` tokens. Writes them one after
+    another to ``run_tokens`` (room for ``budget``) and their lengths to ``run_lengths``; returns how many. The row
+    is left as it was. (Research|Finder and Research|Helper give the run ``Research``.)"""
+    fr = frame(row, trie, table, allowed)
+    n = n_candidates(fr)
+    tokens, kinds, edges = np.empty(n, np.int32), np.empty(n, np.int32), np.empty(n, np.int32)
+    m, crossing_edge, crossing_times = 0, -1, 0
+    for i in range(n):
+        edge, kind, count, crossing_edge, crossing_times = open_edge(i, 1, row, fr, trie, n_tools, table, counts,
+                                                                     crossing_edge, crossing_times)
+        if count > 0:
+            tokens[m], kinds[m], edges[m] = trie[1][edge], kind, edge
+            m += 1
+    saved = table[row].copy()
+    n_runs, used = 0, 0
+    for j in np.argsort(tokens[:m]):
+        take_move(row, tokens[j], kinds[j], edges[j], trie, table)
+        if used < run_tokens.shape[0]:
+            run_tokens[used] = tokens[j]
+        length = 1
+        while True:
+            n_moves, token, kind, edge = only_move(row, trie, n_tools, eos_id, table, counts, allowed)
+            if n_moves != 1 or kind != MOVE_EDGE:
+                break
+            if used + length < run_tokens.shape[0]:
+                run_tokens[used + length] = token
+            length += 1
+            take_move(row, token, kind, edge, trie, table)
+        table[row, :] = saved
+        if n_moves > 1 and length <= budget:
+            run_lengths[n_runs] = length
+            n_runs += 1
+            used += length
+            budget -= length
+    return n_runs

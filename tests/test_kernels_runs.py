@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from support.serve import small_artifact
 
 from tooltrie.compiler import Artifact, TokenizerInfo
+from tooltrie.kernels import TrieBatch
 from tooltrie.kernels.rules import Slot, advance, legal_moves, runs_to_next_choice
 
 UNLIMITED = 10_000
@@ -69,3 +70,25 @@ def test_the_catalogs_first_choice_has_runs_for_its_shared_name_starts(artifacts
     artifact = artifacts["catalog"]
     runs = runs_to_next_choice(artifact.trie, Slot.start(artifact.trie, 1), artifact.eos_id, UNLIMITED)
     assert sorted(smollm.decode(list(run)) for run in runs) == ["House", "Media", "Product", "Research", "Trip"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), registry=st.sampled_from(["catalog", "small"]), k=st.integers(1, 3),
+       budget=st.sampled_from([1, 2, 5, 16]), limited=st.booleans())
+def test_the_compiled_runs_equal_the_readable_ones(artifacts: dict[str, Artifact], seed: int, registry: str, k: int,
+                                                   budget: int, limited: bool) -> None:
+    """``TrieBatch.runs`` (the compiled walk the engine uses) against ``runs_to_next_choice`` at every state of a
+    random walk, on the whole registry and on a random subset."""
+    artifact, rng = artifacts[registry], random.Random(seed)
+    n_tools = artifact.trie.n_tools
+    subset = frozenset(rng.sample(range(n_tools), rng.randint(k, n_tools))) if limited else None
+    batch = TrieBatch(artifact, capacity=2)
+    batch.add(1, k, subset=subset)
+    slot = Slot.start(artifact.trie, k, subset)
+    while batch.is_running(1):
+        assert batch.runs(1, budget) == runs_to_next_choice(artifact.trie, slot, artifact.eos_id, budget)
+        moves = legal_moves(artifact.trie, slot, artifact.eos_id)
+        token = rng.choice(sorted(moves))
+        slot = advance(artifact.trie, slot, moves[token])
+        batch.accept([[token]], rows=[1])
+    assert batch.tools(1) == list(slot.used)
