@@ -1,8 +1,9 @@
 """The shipped default: base SmolLM2 + the bundled LoRA adapter, trained on the bundled catalog.
 
 It is small, it records what it was trained against (and that is the bundled catalog as compiled here), and it
-reloads to the same answers: a fixed sample of held-out MetaTool queries (``adapter_answers.json``, written by
-``write_adapter_answers.py`` when the adapter was shipped) must be answered exactly so, in the dtype it is served in.
+reloads to the same answers: a fixed sample of held-out MetaTool queries (``support/adapter_answers.json``, written
+by ``support/write_adapter_answers.py`` when the adapter was shipped) must be answered exactly so, in the dtype it
+is served in.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tooltrie.serve.model import DEFAULT_ADAPTER_DIR, bundled_adapter, load_mode
 from tooltrie.serve.prompt import Prompt
 from tooltrie.train.command import add_train_command, settings_from_args
 
-EXPECTED = Path(__file__).with_name("adapter_answers.json")
+EXPECTED = Path(__file__).parent / "support" / "adapter_answers.json"
 MAKEFILE = Path(__file__).resolve().parents[1] / "Makefile"
 
 pytestmark = pytest.mark.skipif(bundled_adapter() is None, reason="no adapter is shipped in serve/default_adapter")

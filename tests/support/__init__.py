@@ -4,7 +4,9 @@
 - ``trie``: walking a compiled trie by tool name;
 - ``serve``: the small artifact, the tiny model and the reference decoders the engine is checked against;
 - ``serve_http``: the HTTP and MCP endpoint on a tiny model, with a gate that holds the worker mid-step;
-- ``train``: labelled queries and training-data directories for the small artifact.
+- ``train``: labelled queries and training-data directories for the small artifact;
+- ``write_adapter_answers``: the script that records ``adapter_answers.json``, the held-out answers the shipped
+  adapter must give (``test_default_adapter.py``).
 
 Imported as ``support.<module>`` (pytest puts ``tests/`` on the path).
 """

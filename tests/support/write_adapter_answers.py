@@ -1,6 +1,6 @@
 """Write ``adapter_answers.json``, the held-out answers ``test_default_adapter.py`` expects of the shipped default.
 
-Run after shipping a new adapter: ``python tests/write_adapter_answers.py``. It answers evenly spaced held-out
+Run after shipping a new adapter: ``python tests/support/write_adapter_answers.py``. It answers evenly spaced held-out
 MetaTool queries (12 with k = 1, 6 with k = 2) with the default model in float32 and in bfloat16 and keeps only
 queries whose answer is the same in both and decided by a clear margin (every decision at least ``MIN_MARGIN``
 apart in logits), so the test does not hang on float rounding; right and wrong answers alike (``gold`` beside).
