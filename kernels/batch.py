@@ -228,9 +228,9 @@ class TrieBatch:
         tokens' rows of the head are multiplied."""
         return self._choose(head, hidden, rows, vocab, hidden.shape[0])
 
-    def follow_forced(self, rows: Rows = None, *, n_rows: int | None = None) -> list[list[int]]:
+    def follow_forced(self, rows: Rows = None) -> list[list[int]]:
         """Take the tokens the trie forces from where each row stands (a new request may be forced to its end)."""
-        state_rows = self._rows(rows, len(self.state) if n_rows is None else n_rows)
+        state_rows = self._rows(rows, len(self.state) if rows is None else len(rows))
         out = self.backend.outputs(len(state_rows), forced_width=self.forced_width)
         self.backend.follow_forced(self.state, state_rows, out)
         return _runs(out)

@@ -14,36 +14,35 @@ What makes it cheaper than decoding without the constraint:
   its own. So a pass decides a whole name (a k = 1 answer on the catalog is one pass; in float32, only the prompt's
   pass carries runs, see ``_run``); ``speculate`` bounds the extra tokens per row and pass.
 
-Decisions go through one of three backends (``Engine(..., decisions=...)``), chosen by the model's device unless
-named: ``"torch"`` (the default on CPU) multiplies each row's legal rows of the head with torch; ``"cuda"`` (the
-default on a GPU) runs the fused sparse-head kernel (``kernels/cuda.py``): one launch for every row at a decision
-point computes the legal dot products, the choice and the numbers its score needs (best, runner-up, log-sum-exp);
-``"cpu-kernel"`` is the same walk compiled for the CPU (``kernels/cpu.py``). All three choose the same tokens and
-give the same scores (to float rounding: the kernels sum in float64). The trie state stays on the host
-(``kernels/rules.py`` slots); a kernel step gets a table built from them and the host slot takes the chosen move.
+The trie state is one persistent batch state (``kernels/batch.py``), a row per cache slot, advanced by a backend
+(``Engine(..., backend=...)``, chosen by the model's device unless named): ``"cpu"`` (the Numba walk) or ``"cuda"``
+(the fused kernels, on the model's GPU), or ``"reference"`` (the readable oracle, for tests). At a decision point
+one ``choose_sparse`` call for every deciding row computes the legal tokens' dot products, the choice, the numbers
+its score needs (best, runner-up, log-sum-exp, how many tokens were legal) and the forced run after it; the engine
+only routes tokens. Rows thinking (a reasoning model before its end marker) take the full head in torch, and hand
+their token to the state with ``accept``.
 
 Slots join and leave between steps (continuous batching): a finished answer's row is dropped from the key/value
 cache, and a waiting request is prefilled and merged in. Choices follow the trie decoder's rule (argmax over legal
-tokens, ties to the lower id), through ``kernels/rules.py``, so the engine picks what the reference decoder picks
-on the full head's logits. Rows without a grammar (``constrained=False``) decode plainly with the full head.
+tokens, ties to the lower id), so the engine picks what the reference decoder picks on the full head's logits.
+Rows without a grammar (``constrained=False``) decode plainly with the full head.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from tooltrie.compiler.artifact import Artifact
 from tooltrie.compiler.tokenizer_info import TokenizerInfo
 from tooltrie.errors import DecodeError
-from tooltrie.kernels.rules import Move, Slot, advance, legal_moves, runs_to_next_choice
-from tooltrie.kernels.state import BatchState, check_k, check_subset
+from tooltrie.kernels.batch import TrieBatch
+from tooltrie.kernels.state import DONE, ERROR, check_k, check_subset
 from tooltrie.registry.subsets import select_tools
 from tooltrie.serve.decoder import Prefix, SharedPrefixDecoder
 from tooltrie.serve.prompt import Prompt
@@ -88,10 +87,10 @@ class Answer:
 
 @dataclass
 class _Row:
-    """A request being decoded: its slot in the trie, what to feed next, and its running totals."""
+    """A request being decoded: what to feed next, and its running totals (its trie state is its cache slot's row of
+    the engine's batch state)."""
 
     request: Request
-    slot: Slot | None  # None: no grammar
     pending: list[int]  # tokens chosen but not yet fed to the model
     started: float
     prompt_tokens: int
@@ -116,14 +115,14 @@ class Engine:
     """
 
     def __init__(self, model: Any, tokenizer: TokenizerInfo, artifact: Artifact, *, max_batch: int = 16,
-                 prompt: Prompt | None = None, decisions: str | None = None, speculate: int = 16) -> None:
+                 prompt: Prompt | None = None, backend: str | None = None, speculate: int = 16) -> None:
         artifact.check_compatible(tokenizer=tokenizer, where="engine")
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         if speculate < 0:
             raise ValueError(f"speculate must be at least 0, got {speculate}")
         self.speculate = speculate  # most speculated tokens per row and pass (0: none)
-        self._runs_after: dict[Slot, list[tuple[int, ...]]] = {}  # a decision point -> the runs worth speculating
+        self._runs_after: dict[bytes, list[tuple[int, ...]]] = {}  # a decision point -> the runs worth speculating
         self.reasoning_end_id = tokenizer.reasoning_end_id
         self.model, self.tokenizer, self.artifact, self.max_batch = model.eval(), tokenizer, artifact, max_batch
         self.decoder = SharedPrefixDecoder(model, max_batch)
@@ -132,12 +131,10 @@ class Engine:
         if self.head.shape[0] <= artifact.max_token_id:
             raise ValueError(f"the model's head has {self.head.shape[0]} rows; the grammar needs token "
                              f"{artifact.max_token_id}")
-        if decisions is None:
-            decisions = "cuda" if self.head.is_cuda else "torch"
-        if decisions not in DECISIONS:
-            raise ValueError(f"unknown decisions backend {decisions!r}; choose from {sorted(DECISIONS)}")
-        self.decisions = decisions
-        self._decisions = DECISIONS[decisions](self)
+        self.backend = backend or ("cuda" if self.head.is_cuda else "cpu")
+        self.batch = TrieBatch(artifact, backend=self.backend, capacity=max_batch,
+                               reasoning_end_id=self.reasoning_end_id)
+        self._head = _decision_head(self.head, self.backend)  # what the backend multiplies, made once
         self.prompt = prompt or Prompt()
         self._prompts: dict[int, tuple[str, str]] = {}  # k -> (prefix text, suffix)
         self._prefixes: dict[str, Prefix] = {}  # prefix text -> its keys and values, computed once
@@ -259,10 +256,15 @@ class Engine:
                 still.append((ticket, row))
                 continue
             self.decoder.release(row.cache_slot)
-            self._free_slots.append(row.cache_slot)
+            self._release(row)
             if row.finish_reason != "cancelled":
                 finished[ticket] = self._finish(row)
         self._active = still
+
+    def _release(self, row: _Row) -> None:
+        if row.request.constrained:
+            self.batch.remove(row.cache_slot)
+        self._free_slots.append(row.cache_slot)
 
     def _admit(self, request: Request, allowed: frozenset[int] | None) -> tuple[_Row, list[int]]:
         """A new request's row (holding a cache slot, on its prefix) and the tokens to feed it first."""
@@ -271,13 +273,16 @@ class Engine:
         # agree (a query starting with a newline can merge with the prefix's last token).
         prompt_ids = self.tokenizer.encode(prefix_text + request.query + suffix)
         shared = shared_prefix_length(prefix.ids, prompt_ids)
-        slot = Slot.start(self.artifact.trie, request.k, allowed) if request.constrained else None
-        row = _Row(request=request, slot=slot, pending=[], started=time.perf_counter(),
-                   prompt_tokens=len(prompt_ids), thinking=request.reasoning)
-        self._take_forced(row)
+        row = _Row(request=request, pending=[], started=time.perf_counter(), prompt_tokens=len(prompt_ids),
+                   thinking=request.reasoning, cache_slot=self._free_slots.pop())
+        if request.constrained:
+            self.batch.add(row.cache_slot, request.k, thinking=request.reasoning, subset=allowed)
+            if not request.reasoning:
+                self._take(row, [], self.batch.follow_forced([row.cache_slot])[0])
         if row.finish_reason is None:
-            row.cache_slot = self._free_slots.pop()
             self.decoder.start(row.cache_slot, prefix, shared)
+        else:  # forced from start to stop: the slot was never used
+            self._release(row)
         return row, prompt_ids[shared:]
 
     def _run(self, rows: list[_Row], prompts: list[list[int]]) -> None:
@@ -287,6 +292,7 @@ class Engine:
         the CPU's matrix units make a few more rows nearly free, every pass does (measured, default model, k = 3,
         runs on every pass against the prompt's only: bfloat16 -19 ms per answer, float32 +26 ms)."""
         feeds = [prompt + row.pending for row, prompt in zip(rows, prompts, strict=True)]
+        self.batch.fetch()  # the host's copy of the trie state, for the runs (a device backend copies it back)
         for row, prompt in zip(rows, prompts, strict=True):
             row.runs = self._speculated_runs(row) if prompt or self._runs_every_pass else []
         hidden = self.decoder.forward([row.cache_slot for row in rows], feeds, [row.runs for row in rows])
@@ -302,15 +308,17 @@ class Engine:
     def _speculated_runs(self, row: _Row) -> list[tuple[int, ...]]:
         """The runs from the row's coming decision to the next one within the same name (each legal token, then
         what the trie forces after it), up to ``speculate`` tokens in all: what the pass after this one would be
-        fed, if the choice falls on one of them."""
-        if not self.speculate or row.slot is None or row.thinking:
+        fed, if the choice falls on one of them. Cached by the row's state (and its subset)."""
+        if not self.speculate or not row.request.constrained or row.thinking:
             return []
-        runs = self._runs_after.get(row.slot)
+        state = self.batch.state
+        key = state.table[row.cache_slot].tobytes() + (state.allowed[row.cache_slot].tobytes()
+                                                        if state.allowed.shape[0] else b"")
+        runs = self._runs_after.get(key)
         if runs is None:
             if len(self._runs_after) >= _RUNS_CACHED:
                 self._runs_after.clear()
-            runs = self._runs_after[row.slot] = runs_to_next_choice(self.artifact.trie, row.slot, self.artifact.eos_id,
-                                                                     self.speculate)
+            runs = self._runs_after[key] = self.batch.runs(row.cache_slot, self.speculate)
         return runs
 
     def _decide_all(self, rows: list[_Row]) -> None:
@@ -337,38 +345,32 @@ class Engine:
         return True
 
     def _decide(self, rows: list[_Row]) -> None:
-        """One decision for each row: every constrained one in one call of the decision backend; rows thinking or
-        without a grammar take the full head (``_decide_plain``). Then the forced runs."""
-        deciding: list[tuple[_Row, dict[int, Move]]] = []
+        """One decision for each row: every constrained one in one ``choose_sparse`` call (the choice, its numbers
+        and the forced run after it); rows thinking or without a grammar take the full head (``_decide_plain``)."""
+        deciding = []
         for row in rows:
             if row.finish_reason is not None:
                 continue
-            if row.slot is None or row.thinking:
+            if not row.request.constrained or row.thinking:
                 self._decide_plain(row)
-                continue
-            moves = legal_moves(self.artifact.trie, row.slot, self.artifact.eos_id)
-            if not moves:
-                row.finish_reason = "error"
             else:
-                deciding.append((row, moves))
+                deciding.append(row)
         if not deciding:
             return
-        choices = self._decisions([row for row, _ in deciding], [moves for _, moves in deciding])
-        for (row, moves), (token, best, runner_up, log_total) in zip(deciding, choices, strict=True):
-            move = moves.get(token)
-            if move is None:  # a kernel found no legal token (cannot happen with the full vocabulary): fail loudly
-                row.finish_reason = "error"
-                continue
-            if len(moves) > 1:
+        hidden = torch.stack([row.hidden for row in deciding])  # type: ignore[misc]  # each after a forward pass
+        if self.backend != "cuda" or not self.head.is_cuda:
+            hidden = hidden.float().cpu()
+        choice = self.batch.choose_sparse(hidden.to(self._head.dtype) if self.head.is_cuda else hidden, self._head,
+                                          [row.cache_slot for row in deciding])
+        for i, row in enumerate(deciding):
+            n_legal, _, tool_index = choice.decision[i].tolist()
+            if n_legal > 1:
                 row.decision_points += 1
-                # The decision is about the tool still being spelled while it may go on or end here; only when
-                # every option starts the next tool (a choice among its first tokens) is it about that one.
-                choosing_next = all(m.kind == "hop" for m in moves.values())
-                assert row.slot is not None  # constrained rows only
-                tool_index = row.slot.emitted + (1 if choosing_next else 0)
+                best, runner_up, log_total = choice.stats[i].tolist()
+                # The decision is about the tool still being spelled while it may go on or end here; only when every
+                # option starts the next tool (a choice among its first tokens) is it about that one.
                 row.scores.setdefault(tool_index, []).append((best - log_total, best - runner_up))
-            self._take(row, move)
-            self._take_forced(row)
+            self._take(row, [int(choice.chosen[i])], choice.forced[i])
 
     def _decide_plain(self, row: _Row) -> None:
         """A row thinking or without a grammar: argmax over the full head."""
@@ -382,10 +384,10 @@ class Engine:
             if len(row.token_ids) + 1 >= row.request.max_new_tokens and row.thinking:
                 row.token_ids.append(token)
                 row.pending, row.finish_reason = [], "length"
-            else:
-                row.pending = [token]
-                if not row.thinking:
-                    self._take_forced(row)
+                return
+            self.batch.accept([[token]], [row.cache_slot])
+            forced = [] if row.thinking else self.batch.follow_forced([row.cache_slot])[0]
+            self._take(row, [token], forced)
             return
         # no grammar: plain greedy over the full head
         token = int(torch.argmax(self.head @ hidden))
@@ -397,28 +399,25 @@ class Engine:
             row.token_ids.append(token)
             row.pending, row.finish_reason = [], "length"
 
-    def _take(self, row: _Row, move: Move) -> None:
-        assert row.slot is not None
-        row.slot = advance(self.artifact.trie, row.slot, move)
-        if move.kind == "stop":
-            row.token_ids += [*row.pending, move.token]
+    def _take(self, row: _Row, chosen: list[int], forced: list[int]) -> None:
+        """The row's chosen token (if any) and the run the trie forced after it join what it feeds next; the trie
+        state says whether the answer is complete or failed."""
+        if chosen and chosen[0] < 0:  # nothing was legal: fail loudly
+            row.finish_reason = "error"
+            return
+        row.pending += chosen + forced
+        status = self.batch.status(row.cache_slot)
+        if status == DONE:
+            row.token_ids += row.pending
             row.pending, row.finish_reason = [], "stop"
-        else:
-            row.pending.append(move.token)
-
-    def _take_forced(self, row: _Row) -> None:
-        """Follow the trie while it leaves a single legal token: no model call needed for those."""
-        while row.slot is not None and row.finish_reason is None and not row.thinking:
-            moves = legal_moves(self.artifact.trie, row.slot, self.artifact.eos_id)
-            if len(moves) != 1:
-                return
-            self._take(row, next(iter(moves.values())))
+        elif status == ERROR:
+            row.finish_reason = "error"
 
     def _finish(self, row: _Row) -> Answer:
         names = self.artifact.registry.names
         tools = []
-        if row.slot is not None and row.finish_reason == "stop":
-            for rank, tool in enumerate(row.slot.used):
+        if row.request.constrained and row.finish_reason == "stop":
+            for rank, tool in enumerate(self.batch.tools(row.cache_slot)):
                 decisions = row.scores.get(rank, [])
                 tools.append(ToolChoice(
                     rank=rank + 1, name=names[tool], pointer=self.artifact.registry.tools[tool].pointer,
@@ -432,100 +431,14 @@ class Engine:
                       latency_ms=(time.perf_counter() - row.started) * 1e3, speculated=row.speculated)
 
 
-# -- decision backends: (rows, their legal moves) -> per row (token, best, runner-up, log-sum-exp) ------------------
+def _decision_head(head: torch.Tensor, backend: str) -> Any:
+    """The output embedding as the backend multiplies it: on a GPU a float32 CUDA tensor (Numba has no bfloat16);
+    on the CPU a NumPy view of a float32 head (half precision converted once, exactly)."""
+    if head.is_cuda and backend == "cuda":
+        return head.float().contiguous() if head.dtype == torch.bfloat16 else head.contiguous()
+    from tooltrie.kernels.cpu import as_numpy_scores
 
-Choice = tuple[int, float, float, float]
-DecideFn = Callable[[list[_Row], list[dict[int, Move]]], list[Choice]]
-
-
-def _torch_decisions(engine: Engine) -> DecideFn:
-    """Each row's legal rows of the head times its hidden state, in torch (float32 products, float64 after)."""
-    head = engine.head
-
-    def decide(rows: list[_Row], moves: list[dict[int, Move]]) -> list[Choice]:
-        choices = []
-        for row, row_moves in zip(rows, moves, strict=True):
-            assert row.hidden is not None  # every decision follows a forward pass
-            tokens = sorted(row_moves)
-            logits = (head[tokens].float() @ row.hidden.float()).double()  # bfloat16 models decide in float32 too
-            best = int(torch.argmax(logits))  # first maximum: tokens ascend, so ties go to the lower id
-            if len(tokens) > 1:
-                runner_up, log_total = float(torch.topk(logits, 2).values[1]), float(torch.logsumexp(logits, 0))
-            else:
-                runner_up, log_total = float("-inf"), float(logits[best])
-            choices.append((tokens[best], float(logits[best]), runner_up, log_total))
-        return choices
-
-    return decide
-
-
-def _cpu_kernel_decisions(engine: Engine) -> DecideFn:
-    """The Numba walk on the CPU (``kernels/cpu.py``): one call for every deciding row, stats included."""
-    from tooltrie.kernels import cpu
-
-    weights = cpu.as_numpy_scores(engine.head)  # a view for a float32 head; half precision converted once
-    artifact = engine.artifact
-
-    def decide(rows: list[_Row], moves: list[dict[int, Move]]) -> list[Choice]:
-        state = BatchState.from_slots(artifact, [_slot(row) for row in rows])
-        hidden = cpu.as_numpy_scores(_stack_hidden(rows))
-        stats = np.empty((len(rows), 3), dtype=np.float64)
-        chosen = cpu.sparse_step(artifact, state, hidden, weights, stats=stats)
-        return _choices(chosen, stats)
-
-    return decide
-
-
-def _cuda_decisions(engine: Engine) -> DecideFn:
-    """The fused sparse-head kernel (``kernels/cuda.py``), one launch for every deciding row. Torch CUDA tensors
-    go in zero-copy on torch's current stream; under the CUDA simulator (a CPU model) host arrays are copied."""
-    from numba import cuda
-
-    from tooltrie.kernels.cuda import CudaStepper
-
-    artifact = engine.artifact
-    stepper = CudaStepper(artifact)
-    head = engine.head
-    on_gpu = bool(head.is_cuda)
-    if head.dtype == torch.bfloat16:  # Numba has no bfloat16: one float32 copy of the head
-        head = head.float()
-    weights: Any = head.contiguous() if on_gpu else head.float().cpu().numpy()
-
-    def decide(rows: list[_Row], moves: list[dict[int, Move]]) -> list[Choice]:
-        state = BatchState.from_slots(artifact, [_slot(row) for row in rows], counts=False)
-        subsets = stepper.subsets(state.allowed) if state.allowed.shape[0] else None
-        hidden = _stack_hidden(rows).to(weights.dtype) if on_gpu else _stack_hidden(rows).float().cpu().numpy()
-        if on_gpu:
-            table = torch.from_numpy(state.table).to(head.device)
-            chosen_out = torch.empty(len(rows), dtype=torch.int32, device=head.device)
-            stats_out = torch.empty((len(rows), 3), dtype=torch.float64, device=head.device)
-            stepper.sparse_step(table, hidden, weights, chosen_out, stats=stats_out, subsets=subsets)
-            return _choices(chosen_out.cpu().numpy(), stats_out.cpu().numpy())
-        chosen, stats = np.empty(len(rows), dtype=np.int32), np.empty((len(rows), 3), dtype=np.float64)
-        stepper.sparse_step(cuda.to_device(state.table), hidden, weights, chosen, stats=stats, subsets=subsets)
-        return _choices(chosen, stats)
-
-    return decide
-
-
-DECISIONS: dict[str, Callable[[Engine], DecideFn]] = {
-    "torch": _torch_decisions, "cpu-kernel": _cpu_kernel_decisions, "cuda": _cuda_decisions}
-
-
-def _slot(row: _Row) -> Slot:
-    assert row.slot is not None  # only constrained rows decide through a backend
-    return row.slot
-
-
-def _stack_hidden(rows: list[_Row]) -> torch.Tensor:
-    hidden = [row.hidden for row in rows]
-    assert all(h is not None for h in hidden)  # every decision follows a forward pass
-    return torch.stack(hidden)  # type: ignore[arg-type]
-
-
-def _choices(chosen: np.ndarray[Any, Any], stats: np.ndarray[Any, Any]) -> list[Choice]:
-    return [(int(token), float(best), float(runner_up), float(log_total))
-            for token, (best, runner_up, log_total) in zip(chosen.tolist(), stats.tolist(), strict=True)]
+    return as_numpy_scores(head)
 
 
 def response(answer: Answer, artifact: Artifact) -> dict[str, Any]:

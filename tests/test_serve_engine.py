@@ -30,6 +30,7 @@ from support.serve import (
     tiny_model,
     whole_prompt_ids,
 )
+from torch.overrides import TorchFunctionMode
 
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
 from tooltrie.errors import ArtifactMismatchError, DecodeError
@@ -190,14 +191,55 @@ def test_sparse_head_choice_equals_full_head_masked_argmax(setups: dict[str, Set
     assert checked > 0
 
 
+class _VocabSizedResults(TorchFunctionMode):
+    """Records every torch operation whose result spans the vocabulary: the full head, however it is computed
+    (the output layer's module, ``head @ hidden``, a gather of every row)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.vocab_size, self.seen = vocab_size, list[str]()
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        for tensor in result if isinstance(result, (tuple, list)) else [result]:
+            if isinstance(tensor, torch.Tensor) and self.vocab_size in tensor.shape:
+                self.seen.append(getattr(func, "__name__", str(func)))
+        return result
+
+
 def test_the_engine_never_computes_the_full_head(setups: dict[str, Setup]) -> None:
     setup = setups["catalog"]
-    output_layer = setup.engine.model.get_output_embeddings()
-    with _count_calls(output_layer) as head_calls, _count_calls(_final_norm(setup.engine)) as decoder_calls:
+    vocab_size = setup.engine.head.shape[0]
+    with _VocabSizedResults(vocab_size) as full_head, _count_calls(_final_norm(setup.engine)) as decoder_calls:
         answers = setup.engine.run([Request("Which stock went up today?", 2), Request("news about Mars", 3)])
-    assert head_calls == [0]
+    assert full_head.seen == []
     assert decoder_calls[0] > 0
     assert all(answer.finish_reason == "stop" for answer in answers)
+    with _VocabSizedResults(vocab_size) as full_head:  # the watch itself: a plain request takes the full head
+        setup.engine.run([Request("hi", 1, constrained=False, max_new_tokens=2)])
+    assert full_head.seen
+
+
+def test_the_engine_never_walks_the_readable_rules(setups: dict[str, Setup], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The oracle (``kernels/rules.py``, ``BatchState.slot``) is for tests: the engine's decisions, forced runs and
+    speculated runs come from the compiled batch state. The trap catches the reference backend."""
+    from tooltrie.kernels import reference, rules, state
+
+    def trap(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the readable rules were called on the engine's path")
+
+    for module in (rules, reference):
+        for name in ("legal_moves", "advance", "runs_to_next_choice"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, trap)
+    monkeypatch.setattr(state.BatchState, "slot", trap)
+    monkeypatch.setattr(state.BatchState, "from_slots", trap)
+    setup = setups["small"]
+    requests = [Request("What is the weather in Paris?", 3), Request("hi", 1, allow=("get", "get_users"))]
+    assert all(answer.finish_reason == "stop" for answer in setup.engine.run(requests))
+    oracle = Engine(setup.engine.model, setup.engine.tokenizer, setup.artifact, backend="reference")
+    with pytest.raises(AssertionError, match="readable rules"):
+        oracle.run(requests)
 
 
 # --- forced chains -------------------------------------------------------------------------------------------------

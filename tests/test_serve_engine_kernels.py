@@ -1,9 +1,9 @@
-"""The engine's decision backends against each other: the Numba walk on the CPU (``decisions="cpu-kernel"``) and the
-fused CUDA sparse-head kernel (``decisions="cuda"``, on a GPU or under ``NUMBA_ENABLE_CUDASIM=1``) give the same
-answers as the default torch path: the same tokens and tools, scores and margins within 1e-4 (the kernels sum in
-float64, torch multiplies in float32), with mixed k, a subset request and an unconstrained row in one batch.
-On a machine with a CUDA GPU the model also runs there: its decisions default to the kernel, fed torch's CUDA
-tensors in place, and must match torch's decisions on the same GPU and the CPU engine's answers.
+"""The engine's backends against the oracle: the Numba walk (``backend="cpu"``, the default on a CPU) and the fused
+CUDA kernels (``backend="cuda"``, on a GPU or under ``NUMBA_ENABLE_CUDASIM=1``) give the same answers as the readable
+rules (``backend="reference"``): the same tokens and tools, scores and margins within 1e-4, with mixed k, a subset
+request and an unconstrained row in one batch. On a machine with a CUDA GPU the model also runs there: its decisions
+default to the kernels, fed torch's CUDA tensors in place, and must match the oracle on the same GPU and the CPU
+engine's answers.
 
 The tiny random Llama with SmolLM2's vocabulary, the bundled SmolLM2 tokenizer; the simulator costs ~0.1-0.4 s per
 block (one block per deciding row and step), so its cases are few.
@@ -50,11 +50,11 @@ def _same(got: Answer, expected: Answer) -> None:
         expected.forward_passes, expected.decision_points, expected.prompt_tokens)
 
 
-def _compare(model: Any, tokenizer: TokenizerInfo, artifact: Artifact, requests: list[Request], decisions: str,
+def _compare(model: Any, tokenizer: TokenizerInfo, artifact: Artifact, requests: list[Request], backend: str,
              max_batch: int = 8) -> list[Answer]:
-    expected = Engine(model, tokenizer, artifact, max_batch=max_batch, decisions="torch").run(requests)
-    engine = Engine(model, tokenizer, artifact, max_batch=max_batch, decisions=decisions)
-    assert engine.decisions == decisions
+    expected = Engine(model, tokenizer, artifact, max_batch=max_batch, backend="reference").run(requests)
+    engine = Engine(model, tokenizer, artifact, max_batch=max_batch, backend=backend)
+    assert engine.backend == backend
     got = engine.run(requests)
     for request, answer, reference in zip(requests, got, expected, strict=True):
         _same(answer, reference)
@@ -63,57 +63,56 @@ def _compare(model: Any, tokenizer: TokenizerInfo, artifact: Artifact, requests:
     return got
 
 
-def test_the_default_decisions_on_cpu_are_torch_and_unknown_ones_are_refused(model: Any,
-                                                                              smollm: TokenizerInfo) -> None:
-    assert Engine(model, smollm, small_artifact(smollm)).decisions == "torch"
-    with pytest.raises(ValueError, match="unknown decisions backend"):
-        Engine(model, smollm, small_artifact(smollm), decisions="triton")
+def test_the_default_backend_on_cpu_is_the_compiled_walk_and_unknown_ones_are_refused(model: Any,
+                                                                                      smollm: TokenizerInfo) -> None:
+    assert Engine(model, smollm, small_artifact(smollm)).backend == "cpu"
+    with pytest.raises(ValueError, match="unknown backend"):
+        Engine(model, smollm, small_artifact(smollm), backend="triton")
 
 
-def test_cpu_kernel_decisions_equal_torch_on_the_small_registry(model: Any, smollm: TokenizerInfo) -> None:
-    answers = _compare(model, smollm, small_artifact(smollm), _small_requests(), "cpu-kernel")
+def test_cpu_backend_equals_the_oracle_on_the_small_registry(model: Any, smollm: TokenizerInfo) -> None:
+    answers = _compare(model, smollm, small_artifact(smollm), _small_requests(), "cpu")
     assert sum(a.decision_points for a in answers) > 0
     subset = answers[2]
     assert {t.name for t in subset.tools} <= {"get", "get_users", "search", "ab"}
 
 
-def test_cpu_kernel_decisions_equal_torch_on_the_catalog_with_continuous_batching(
+def test_cpu_backend_equals_the_oracle_on_the_catalog_with_continuous_batching(
         model: Any, smollm: TokenizerInfo, catalog_artifact: Artifact) -> None:
     q = ("What's the weather like in Paris tomorrow?", "hi", "convert 300 dollars to euros and book a hotel")
     requests = [Request(q[0], 3), Request(q[1], 1), Request(q[2], 2), Request(q[1], 3), Request(q[2], 1)]
-    _compare(model, smollm, catalog_artifact, requests, "cpu-kernel", max_batch=2)  # rows join and leave
+    _compare(model, smollm, catalog_artifact, requests, "cpu", max_batch=2)  # rows join and leave
 
 
 def test_a_bfloat16_model_decides_in_float32_on_every_backend(model: Any, smollm: TokenizerInfo) -> None:
     """``--dtype bfloat16`` (the default where the CPU has it): the passes run in bfloat16, the decisions multiply
-    the legal head rows by the hidden state in float32 on the torch path as in the kernel, so both agree to 1e-4
-    (bfloat16 products would differ by ~1e-2 and tie often)."""
+    the legal head rows by the hidden state in float32 (bfloat16 products would differ by ~1e-2 and tie often)."""
     half = copy.deepcopy(model).to(torch.bfloat16)
-    answers = _compare(half, smollm, small_artifact(smollm), _small_requests(), "cpu-kernel")
+    answers = _compare(half, smollm, small_artifact(smollm), _small_requests(), "cpu")
     assert sum(a.decision_points for a in answers) > 0
 
 
 @needs_cuda
-def test_cuda_decisions_equal_torch_on_the_small_registry(model: Any, smollm: TokenizerInfo,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """One launch per decision step for all deciding rows, subsets counted on the device."""
-    from tooltrie.kernels.cuda import CudaStepper
+def test_cuda_backend_equals_the_oracle_on_the_small_registry(model: Any, smollm: TokenizerInfo,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """One launch per decision step for all deciding rows, subsets included."""
+    from tooltrie.kernels.cuda import CudaBackend
 
     launches: list[tuple[int, bool]] = []  # (rows, with subsets)
-    sparse_step = CudaStepper.sparse_step
+    choose = CudaBackend.choose
 
-    def spy(self: CudaStepper, table: Any, hidden: Any, *args: Any, **options: Any) -> None:
-        launches.append((int(table.shape[0]), options.get("subsets") is not None))
-        sparse_step(self, table, hidden, *args, **options)
+    def spy(self: CudaBackend, state: Any, rows: Any, *args: Any) -> None:
+        launches.append((len(rows), state.counts.shape[0] > 0))
+        choose(self, state, rows, *args)
 
-    monkeypatch.setattr(CudaStepper, "sparse_step", spy)
+    monkeypatch.setattr(CudaBackend, "choose", spy)
     answers = _compare(model, smollm, small_artifact(smollm), _small_requests(), "cuda")
     assert sum(a.decision_points for a in answers) > 0
     assert max(rows for rows, _ in launches) > 1 and any(subsets for _, subsets in launches)
 
 
 @needs_cuda
-def test_cuda_decisions_equal_torch_on_the_catalog(model: Any, smollm: TokenizerInfo,
+def test_cuda_backend_equals_the_oracle_on_the_catalog(model: Any, smollm: TokenizerInfo,
                                                    catalog_artifact: Artifact) -> None:
     requests = [Request("What's the weather like in Paris tomorrow?", 3), Request("hi", 2)]
     _compare(model, smollm, catalog_artifact, requests, "cuda")
@@ -125,7 +124,7 @@ def test_a_model_on_the_gpu_decides_with_the_kernel_on_torch_tensors(model: Any,
                                                                      catalog_artifact: Artifact,
                                                                      dtype: torch.dtype) -> None:
     gpu = copy.deepcopy(model).to("cuda", dtype)
-    assert Engine(gpu, smollm, catalog_artifact).decisions == "cuda"
+    assert Engine(gpu, smollm, catalog_artifact).backend == "cuda"
     requests = _small_requests()
     answers = _compare(gpu, smollm, small_artifact(smollm), requests, "cuda")
     catalog = [Request("What's the weather like in Paris tomorrow?", 3), Request("hi", 2),
