@@ -15,7 +15,6 @@ import itertools
 from collections.abc import Sequence
 
 import numpy as np
-from tokenizers import Encoding
 
 from tooltrie.compiler.artifact import Artifact, CompileStats
 from tooltrie.compiler.contract import Contract
@@ -72,8 +71,9 @@ def compile_registry(
     names = registry.names
     show = len(names) >= PROGRESS_MIN_TOOLS if progress is None else progress
     encoder = _Encoder(tokenizer, show)
-    bare_lists = encoder.encode_lists(names) if names else []
-    bare = FlatPaths.of(bare_lists)
+    bare = encoder.encode(names)
+    flat_ids, starts = bare.tokens.tolist(), bare.starts.tolist()
+    bare_lists = [flat_ids[a:b] for a, b in itertools.pairwise(starts)]  # for decoding, as lists
     found = [*problems, *name_problems(registry, tokenizer, contract, bare_lists, bare)]
     if found:
         raise _problems_error(found, registry, tokenizer, contract, suggest=suggest)
@@ -224,25 +224,19 @@ class _Encoder:
         self.tokenizer = tokenizer
         self.show_progress = show_progress
 
-    def encode_lists(self, texts: list[str], what: str = "tokenizing") -> list[list[int]]:
-        return [encoding.ids for encoding in self._encodings(texts, what)]
-
     def encode(self, texts: list[str], what: str = "tokenizing") -> FlatPaths:
-        """The texts' ids concatenated, without a Python list per text (the encodings are merged in Rust)."""
-        return self.tokenizer.flat_ids(self._encodings(texts, what))
-
-    def _encodings(self, texts: list[str], what: str) -> list[Encoding]:
-        if not self.show_progress or importlib.util.find_spec("tqdm") is None:  # bars: the model extra's tqdm
-            return self.tokenizer.encodings(texts)
+        """The texts' ids concatenated, without a Python list or an encoding per text."""
+        if not self.show_progress or importlib.util.find_spec("tqdm") is None:
+            return self.tokenizer.encode_flat(texts)
         from tqdm import tqdm
 
-        out: list[Encoding] = []
+        parts = []
         with tqdm(total=len(texts), desc=what, unit="text", leave=False) as bar:
             for start in range(0, len(texts), _ENCODE_CHUNK):
                 chunk = texts[start : start + _ENCODE_CHUNK]
-                out += self.tokenizer.encodings(chunk)
+                parts.append(self.tokenizer.encode_flat(chunk))
                 bar.update(len(chunk))
-        return out
+        return FlatPaths.concatenate(parts)
 
 
 def _same_tokens_problem(tool: Tool, twin: Tool) -> Problem:

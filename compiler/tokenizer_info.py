@@ -6,6 +6,7 @@ the stop token), so an artifact compiled for one tokenizer is refused with anoth
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -23,6 +24,8 @@ DEFAULT_TOKENIZER = "smollm2-135m"
 
 # Markers after which a reasoning model's answer starts; the constraint begins on the token after one.
 REASONING_END_MARKERS = ("</think>", "</thinking>", "<|end_of_thought|>", "</reasoning>")
+_WORDS_PER_BATCH = 1_024  # texts per pre-tokenized input in encode_flat (batches run in parallel)
+_PROBE_TEXTS = 32  # texts of each encode_flat call also encoded on their own, as a check
 # Parts of tokenizer.json that decide which ids a text encodes to (the decoder and padding do not).
 _FINGERPRINT_KEYS = ("model", "normalizer", "pre_tokenizer", "added_tokens")
 
@@ -107,16 +110,48 @@ class TokenizerInfo:
         return [e.ids for e in self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
 
     def encodings(self, texts: list[str]) -> list[Encoding]:
-        """The Rust encodings of ``texts`` (parallel; no offsets), for :meth:`flat_ids`."""
+        """The Rust encodings of ``texts`` (parallel; no offsets)."""
         return list(self.tokenizer.encode_batch_fast(texts, add_special_tokens=False))
 
-    @staticmethod
-    def flat_ids(encodings: list[Encoding]) -> FlatPaths:
-        """The encodings' ids as one array with boundaries: merged in Rust, then one list for them all (a list per
-        encoding is most of the cost of reading 100,000 encodings)."""
-        lengths = np.fromiter(map(len, encodings), dtype=np.int64, count=len(encodings))
-        merged = Encoding.merge(encodings, growing_offsets=False).ids if encodings else []
-        return FlatPaths(np.array(merged, dtype=np.int64), np.concatenate([[0], np.cumsum(lengths)]))
+    def encode_flat(self, texts: list[str]) -> FlatPaths:
+        """``encode`` of every text, as one array with boundaries, in batches of texts.
+
+        The Rust tokenizer encodes each word of a pre-tokenized input as a sequence of its own (normalized,
+        pre-tokenized and tokenized alone, then concatenated), so a batch of texts given as the words of one input,
+        each followed by the stop token as a word of its own, yields every text's canonical ids between stop
+        tokens, without an encoding object per text (most of the cost of many short texts). Where that cannot be
+        trusted, each text is encoded on its own: a tokenizer with truncation or padding configured, a stop token
+        that is not one added token, or a text whose ids contain the stop token; and the first texts of each call
+        are checked against encoding them on their own.
+        """
+        if not texts:
+            return FlatPaths(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64))
+        if self.tokenizer.truncation is None and self.tokenizer.padding is None and self._stop_is_one_word:
+            flat = self._encode_as_words(texts)
+            if flat is not None:
+                return flat
+        return FlatPaths.of([encoding.ids for encoding in self.encodings(texts)])
+
+    @functools.cached_property
+    def _stop_is_one_word(self) -> bool:
+        return self.tokenizer.encode_batch_fast([[self.eos_token]], is_pretokenized=True,
+                                                add_special_tokens=False)[0].ids == [self.eos_id]
+
+    def _encode_as_words(self, texts: list[str]) -> FlatPaths | None:
+        stop = self.eos_token
+        batches = [[word for text in texts[start : start + _WORDS_PER_BATCH] for word in (text, stop)]
+                   for start in range(0, len(texts), _WORDS_PER_BATCH)]
+        encodings = self.tokenizer.encode_batch_fast(batches, is_pretokenized=True, add_special_tokens=False)
+        ids = np.array(Encoding.merge(encodings, growing_offsets=False).ids, dtype=np.int64)
+        ends = np.flatnonzero(ids == self.eos_id)
+        if len(ends) != len(texts):  # a text that encodes to the stop token: the boundaries are unknown
+            return None
+        lengths = ends - np.concatenate([[-1], ends[:-1]]) - 1
+        flat = FlatPaths(np.delete(ids, ends), np.concatenate([[0], np.cumsum(lengths)]))
+        probe = texts[:_PROBE_TEXTS]
+        if [flat.path(i) for i in range(len(probe))] != [e.ids for e in self.encodings(probe)]:
+            return None
+        return flat
 
     def decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))

@@ -216,6 +216,15 @@ class FlatPaths:
         tokens = np.fromiter(itertools.chain.from_iterable(paths), dtype=np.int64, count=int(lengths.sum()))
         return cls(tokens, np.concatenate([[0], np.cumsum(lengths)]))
 
+    @classmethod
+    def concatenate(cls, parts: Sequence[FlatPaths]) -> FlatPaths:
+        if not parts:
+            return cls.of([])
+        offsets = np.cumsum([0] + [len(part.tokens) for part in parts[:-1]])
+        return cls(np.concatenate([part.tokens for part in parts]),
+                   np.concatenate([[0]] + [part.starts[1:] + offset for part, offset in zip(parts, offsets,
+                                                                                             strict=True)]))
+
     def __len__(self) -> int:
         return len(self.starts) - 1
 

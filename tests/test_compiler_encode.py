@@ -1,0 +1,62 @@
+"""The compiler's batched encoding (texts as the words of one pre-tokenized input, split at stop tokens) against
+encoding each text on its own: the same ids for any texts, on both bundled tokenizers, and on tokenizers where the
+batching cannot be trusted (truncation configured, a Metaspace/SentencePiece-style pre-tokenizer)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tooltrie.compiler import TokenizerInfo
+from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR
+
+TEXTS = st.lists(st.one_of(
+    st.text(max_size=12),
+    st.text(alphabet="ab_.,; \n\t-éΩ🙂<|>/", max_size=20),
+    st.sampled_from(["", " ", ", ", "\n", "get_weather", ", get_user", "<|im_end|>", "<|endoftext|>", "a<|im_end|>b",
+                     "}\n", "  x", "x  ", "\x04", "\u200b"]),
+), max_size=70)  # past the 32 texts checked on their own in every call
+
+
+def _one_by_one(tokenizer: TokenizerInfo, texts: list[str]) -> list[list[int]]:
+    return [tokenizer.encode(text) for text in texts]
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "gpt2"])
+@settings(max_examples=150, deadline=None)
+@given(texts=TEXTS)
+def test_batched_encoding_equals_encoding_each_text(tokenizers: dict[str, TokenizerInfo], name: str,
+                                                    texts: list[str]) -> None:
+    tokenizer = tokenizers[name]
+    flat = tokenizer.encode_flat(texts)
+    assert [flat.path(i) for i in range(len(flat))] == _one_by_one(tokenizer, texts)
+
+
+def test_many_texts_across_batches(smollm: TokenizerInfo) -> None:
+    texts = [f"tool_{i}{', ' if i % 3 else ''}x{i % 7}" for i in range(5_000)]
+    flat = smollm.encode_flat(texts)
+    assert [flat.path(i) for i in range(len(flat))] == _one_by_one(smollm, texts)
+
+
+def _variant(tmp_path: Path, change: dict[str, object]) -> TokenizerInfo:
+    spec = json.loads((BUNDLED_TOKENIZERS_DIR / "gpt2" / "tokenizer.json").read_text(encoding="utf-8"))
+    spec.update(change)
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    return TokenizerInfo.load(path, eos_token="<|endoftext|>")
+
+
+@pytest.mark.parametrize("change", [
+    {"truncation": {"direction": "Right", "max_length": 4, "strategy": "LongestFirst", "stride": 0}},
+    {"pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": True}},
+    {"normalizer": {"type": "Lowercase"}},
+], ids=["truncation", "metaspace-first", "lowercase"])
+def test_tokenizer_variants(tmp_path: Path, change: dict[str, object]) -> None:
+    tokenizer = _variant(tmp_path, change)
+    texts = ["Get_Weather", "a, b", ", x", " lead", "trail ", "one two three four five six", "<|endoftext|>"] * 10
+    flat = tokenizer.encode_flat(texts)
+    assert [flat.path(i) for i in range(len(flat))] == _one_by_one(tokenizer, texts)
