@@ -1,6 +1,7 @@
 """Compile benchmark: tooltrie's registry compiler against XGrammar's exactly-k grammar, taking turns.
 
-For each registry size (the 47-tool catalog, the 1,853-name BFCL registry, a synthetic 100,000-name registry):
+For each registry size (the 47-tool catalog, the 1,853-name BFCL registry, synthetic 4,000- and 100,000-name
+registries), in this process:
 
 - ours: ``compile_registry`` (tokenization and verification included) with the tokenizer already loaded, its
   median time, device bytes, nodes, edges and placement; peak RSS of a compile in a fresh process;
@@ -9,9 +10,15 @@ For each registry size (the 47-tool catalog, the 1,853-name BFCL registry, a syn
   it runs in a subprocess under ``--xgr-timeout``; a timeout ends its turns at that size.
 
 Loading the tokenizers (ours, and the Hugging Face fast tokenizer XGrammar starts from) is timed separately.
+
+Whole processes, as a user runs them (start-up, imports and the tokenizer load included, nothing cached): ours is
+``tooltrie compile REGISTRY -o OUT``; XGrammar's is a fresh Python that imports xgrammar and transformers, loads
+the fast tokenizer, builds its ``TokenizerInfo`` and compiles the exactly-k EBNF read from a file, cache
+disabled. The marginal cost of a size is its median wall time minus that of a 3-tool registry, per arm.
+
 The targets are reported, never asserted.
 
-    python bench/bench_compile.py [--repeats 7] [--k 3] [--sizes 47,1853,100000]
+    python bench/bench_compile.py [--repeats 7] [--k 3] [--sizes 47,1853,4000,100000]
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -48,8 +56,10 @@ from tooltrie.registry import BFCL_PATH, CATALOG_PATH, Registry, load_registry, 
 LARGE = 10_000  # from this many tools on: --large-repeats
 XGR_INPROCESS_MAX = 2_000  # up to this many tools: one untimed warm-up; above: XGrammar in a time-limited subprocess
 GB = 10**9
+BASELINE_TOOLS = 3  # the whole-process baseline: what a process costs before the registry's size counts
 TARGETS = {
     "time_ratio_at_2k": 0.5,  # our compile / XGrammar (TokenizerInfo + compile), at ~2,000 tools
+    "marginal_ratio_at_4k": 0.5,  # whole processes: our marginal cost / XGrammar's, at ~4,000 tools
     "size_ratio_at_2k": 0.25,  # our device bytes / XGrammar memory_size_bytes, at ~2,000 tools
     "compile_s_at_100k": 5.0,
     "peak_rss_at_100k": 1 * GB,
@@ -109,6 +119,9 @@ def build_registry(size: int, seed: int) -> tuple[str, Registry]:
         return "catalog", load_registry(CATALOG_PATH)
     if size == 1853:
         return "bfcl", load_registry(BFCL_PATH)
+    if size == BASELINE_TOOLS:
+        return "catalog-3", make_registry([tool.content() for tool in load_registry(CATALOG_PATH).tools[:size]],
+                                          name="catalog-3")
     names = synthetic_names(size, seed)
     return "synthetic", make_registry([{"name": name} for name in names], name=f"synthetic-{size}")
 
@@ -166,6 +179,70 @@ def worker_xgrammar(args: argparse.Namespace) -> dict[str, Any]:
 def worker_argv(args: argparse.Namespace, kind: str, size: int) -> list[str]:
     return [__file__, "--worker", kind, "--size", str(size), "--k", str(args.k), "--tokenizer", args.tokenizer,
             "--seed", str(args.seed)]
+
+
+# -- whole processes ----------------------------------------------------------------------------------------------
+
+# XGrammar as a user's script would run it: argv = tokenizer.json, stop token, vocabulary size, stop id, EBNF file.
+XGR_PROCESS = """
+import sys
+import transformers, xgrammar as xgr
+path, eos, vocab_size, eos_id, ebnf = sys.argv[1:]
+hf = transformers.PreTrainedTokenizerFast(tokenizer_file=path, eos_token=eos)
+info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=int(vocab_size), stop_token_ids=[int(eos_id)])
+compiled = xgr.GrammarCompiler(info, cache_enabled=False).compile_grammar(open(ebnf, encoding="utf-8").read())
+assert compiled.memory_size_bytes > 0
+"""
+
+
+def bench_processes(args: argparse.Namespace, tokenizer: TokenizerInfo, folder: Path) -> list[dict[str, Any]]:
+    """Median wall time of whole processes per size (and the 3-tool baseline), ours and XGrammar's taking turns."""
+    tooltrie_exe = str(Path(sys.executable).with_name("tooltrie"))
+    rows = []
+    for size in [BASELINE_TOOLS, *args.size_list]:
+        label, registry = build_registry(size, args.seed)
+        source = Path(registry.source)
+        if not source.is_file():  # a synthetic registry: written as a file, as a user would have it
+            source = folder / f"{label}-{size}.jsonl"
+            source.write_text("".join(json.dumps({"name": name}) + "\n" for name in registry.names), encoding="utf-8")
+        ebnf = folder / f"{label}-{size}.ebnf"
+        ebnf.write_text(exactly_k_ebnf(registry.names, args.k), encoding="utf-8")
+        ours_argv = [tooltrie_exe, "compile", str(source), "--tokenizer", args.tokenizer, "-o",
+                     str(folder / "out.safetensors")]
+        xgr_argv = [sys.executable, "-c", XGR_PROCESS, str(tokenizer_json(args.tokenizer)), tokenizer.eos_token,
+                    str(tokenizer.vocab_size), str(tokenizer.eos_id), str(ebnf)]
+
+        def run(argv: list[str], timeout_s: float) -> None:
+            try:
+                subprocess.run(argv, check=True, capture_output=True, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                raise StopArm(f"timeout after {timeout_s:g} s") from None
+            except subprocess.CalledProcessError as exc:
+                raise StopArm(f"failed: {exc.stderr.decode(errors='replace')[-300:]}") from None
+
+        arms: dict[str, Arm] = {"ours": lambda argv=ours_argv: run(argv, 600)}
+        if args.xgr_max_tools is None or size <= args.xgr_max_tools:
+            arms["xgrammar"] = lambda argv=xgr_argv: run(argv, args.xgr_timeout)
+        repeats = args.process_repeats if size < LARGE else args.large_repeats
+        print(f"[whole processes: {label}, {size:,} tools, {repeats} repeats]", flush=True)
+        times = take_turns(arms, repeats=repeats)
+        row: dict[str, Any] = {"registry": label, "n_tools": size, "repeats": repeats}
+        for arm, measured in times.items():
+            row[arm] = {"wall_s": summarize(measured.samples["wall"])} if measured.samples.get("wall") else {}
+            if measured.stopped:
+                row[arm]["status"] = measured.stopped
+        if "xgrammar" not in times:
+            row["xgrammar"] = {"status": f"skipped: above --xgr-max-tools {args.xgr_max_tools:,}"}
+        rows.append(row)
+    base = rows[0]
+    for row in rows[1:]:
+        for arm in ("ours", "xgrammar"):
+            if "wall_s" in row[arm] and "wall_s" in base[arm]:
+                row[arm]["marginal_s"] = row[arm]["wall_s"]["median"] - base[arm]["wall_s"]["median"]
+        if "marginal_s" in row["ours"] and "marginal_s" in row["xgrammar"]:
+            row["ratios"] = {"wall": row["ours"]["wall_s"]["median"] / row["xgrammar"]["wall_s"]["median"],
+                             "marginal": row["ours"]["marginal_s"] / row["xgrammar"]["marginal_s"]}
+    return rows
 
 
 # -- the benchmark -----------------------------------------------------------------------------------------------
@@ -268,9 +345,10 @@ def bench_size(args: argparse.Namespace, size: int, tokenizer: TokenizerInfo, hf
     return result
 
 
-def evaluate_targets(sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def evaluate_targets(sizes: list[dict[str, Any]], processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each target with the measured value and whether it is met (``None`` when its size was not run)."""
     with_xgr = [s for s in sizes if "ratios" in s]
+    near_4k = min((p for p in processes if "ratios" in p), key=lambda p: abs(p["n_tools"] - 4_000), default=None)
     near_2k = min(with_xgr, key=lambda s: abs(s["n_tools"] - 2_000), default=None)
     at_100k = next((s for s in sizes if s["n_tools"] >= 100_000), None)
     targets = []
@@ -286,6 +364,8 @@ def evaluate_targets(sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
         TARGETS["time_ratio_at_2k"], strict=False)
     add("device bytes / XGrammar memory_size_bytes at ~2k tools <= 0.25", near_2k, size_ratio,
         TARGETS["size_ratio_at_2k"], strict=False)
+    add("whole processes: marginal compile / XGrammar's at ~4k tools <= 0.5", near_4k,
+        near_4k["ratios"]["marginal"] if near_4k else None, TARGETS["marginal_ratio_at_4k"], strict=False)
     add("compile time at 100k tools < 5 s", at_100k, at_100k["ours"]["compile_s"]["median"] if at_100k else None,
         TARGETS["compile_s_at_100k"], strict=True)
     add("peak RSS of a 100k compile < 1 GB", at_100k, at_100k["ours"]["peak_rss_bytes"] if at_100k else None,
@@ -293,7 +373,8 @@ def evaluate_targets(sizes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return targets
 
 
-def print_report(loads: dict[str, Any], sizes: list[dict[str, Any]], targets: list[dict[str, Any]]) -> None:
+def print_report(loads: dict[str, Any], sizes: list[dict[str, Any]], processes: list[dict[str, Any]],
+                 targets: list[dict[str, Any]]) -> None:
     mb = 1e6
     print_table([{
         "tokenizer load": name, "median s": stats["median"], "min s": stats["min"], "max s": stats["max"],
@@ -326,6 +407,18 @@ def print_report(loads: dict[str, Any], sizes: list[dict[str, Any]], targets: li
         "cold compile s": s["ours"]["cold_compile_s"],
     } for s in sizes], title="Size and memory (RSS: VmHWM of one compile in a fresh process)")
     print_table([{
+        "registry": p["registry"],
+        "tools": p["n_tools"],
+        "reps": p["repeats"],
+        "ours s": p["ours"].get("wall_s", {}).get("median"),
+        "xgr s": p["xgrammar"].get("wall_s", {}).get("median"),
+        "ours/xgr": f"{p['ratios']['wall']:.3f}x" if "ratios" in p else None,
+        "ours marginal s": p["ours"].get("marginal_s"),
+        "xgr marginal s": p["xgrammar"].get("marginal_s"),
+        "marginal ours/xgr": f"{p['ratios']['marginal']:.3f}x" if "ratios" in p else None,
+        "xgrammar": p["xgrammar"].get("status", "ok"),
+    } for p in processes], title=f"Whole processes (median wall; marginal: minus the {BASELINE_TOOLS}-tool registry's)")
+    print_table([{
         "target": t["target"],
         "tools": t["n_tools"],
         "value": None if t["value"] is None else (f"{t['value'] / mb:.0f} MB" if "RSS" in t["target"]
@@ -356,8 +449,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--large-repeats", type=int, default=3, help="timed repeats from 10,000 tools (default 3)")
     parser.add_argument("--k", type=int, default=3, help="tools per answer in the exactly-k EBNF (default 3)")
     parser.add_argument("--tokenizer", default="smollm2-135m", help="bundled tokenizer name or tokenizer.json path")
-    parser.add_argument("--sizes", default="47,1853,100000",
-                        help="registry sizes: 47 = catalog, 1853 = BFCL, others synthetic (default 47,1853,100000)")
+    parser.add_argument("--sizes", default="47,1853,4000,100000",
+                        help="registry sizes: 47 = catalog, 1853 = BFCL, others synthetic "
+                             "(default 47,1853,4000,100000)")
+    parser.add_argument("--process-repeats", type=int, default=5,
+                        help="whole-process repeats below 10,000 tools (default 5; from 10,000: --large-repeats)")
+    parser.add_argument("--no-processes", dest="processes", action="store_false", help="skip the whole processes")
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic names (default 0)")
     parser.add_argument("--xgr-timeout", type=float, default=120.0,
                         help=f"seconds allowed to one XGrammar run above {XGR_INPROCESS_MAX:,} tools (default 120)")
@@ -388,8 +485,12 @@ def main(argv: list[str] | None = None) -> int:
     hf = hf_tokenizer(args.tokenizer, tokenizer.eos_token)
     loads = bench_tokenizer_load(args, tokenizer.eos_token)
     sizes = [bench_size(args, size, tokenizer, hf, rss[size]) for size in args.size_list]
-    targets = evaluate_targets(sizes)
-    print_report(loads, sizes, targets)
+    processes: list[dict[str, Any]] = []
+    if args.processes:
+        with tempfile.TemporaryDirectory() as folder:
+            processes = bench_processes(args, tokenizer, Path(folder))
+    targets = evaluate_targets(sizes, processes)
+    print_report(loads, sizes, processes, targets)
     profile = profile_compile(max(args.size_list), args.seed, tokenizer) if args.profile else None
     settings = {
         "repeats": args.repeats, "large_repeats": args.large_repeats, "large_from_tools": LARGE, "k": args.k,
@@ -399,8 +500,12 @@ def main(argv: list[str] | None = None) -> int:
         "order": f"arms take turns within each repeat, the first arm rotating; one untimed warm-up up to "
                  f"{XGR_INPROCESS_MAX:,} tools",
         "targets": TARGETS,
+        "process_repeats": args.process_repeats, "process_baseline_tools": BASELINE_TOOLS,
+        "processes": "ours: tooltrie compile REGISTRY -o OUT; xgrammar: python -c (import xgrammar, transformers; "
+                     "PreTrainedTokenizerFast, TokenizerInfo.from_huggingface, GrammarCompiler(cache_enabled=False)"
+                     ".compile_grammar(EBNF file)); arms take turns",
     }
-    results = {"tokenizer_load": loads, "sizes": sizes, "targets": targets,
+    results = {"tokenizer_load": loads, "sizes": sizes, "whole_processes": processes, "targets": targets,
                "wall_s": time.perf_counter() - began, "load_average_at_start": load_at_start}
     if profile is not None:
         results["profile"] = profile
