@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import itertools
 import math
 from types import ModuleType
 from typing import Any
@@ -48,8 +49,14 @@ _BF16_MAGNITUDE, _BF16_INF = 0x7FFF, 0x7F80
 # The CUDA simulator runs kernels as Python threads over fake device arrays, which compiled CPU functions cannot
 # take; it calls a twin of this module whose functions stay plain Python (see ``python_twin``).
 _AS_PYTHON: bool = globals().get("_AS_PYTHON", False)
-_jit: Any = (lambda function: function) if _AS_PYTHON else numba.njit(cache=True, inline="always")
-_entry: Any = (lambda function: function) if _AS_PYTHON else numba.njit(cache=True, nogil=True)
+# No-repeat (each tool at most once per answer) is a compile-time switch: Numba reads module globals as constants,
+# so a copy loaded with it off (``variant``) has no used-tools code at all. Copies compile without the on-disk
+# cache, whose files are keyed by this source file and must only ever hold this module's code.
+NO_REPEAT: bool = globals().get("NO_REPEAT", True)
+_CACHE: bool = globals().get("_CACHE", True)
+_jit: Any = (lambda function: function) if _AS_PYTHON else numba.njit(cache=_CACHE, inline="always")
+_entry: Any = (lambda function: function) if _AS_PYTHON else numba.njit(cache=_CACHE, nogil=True)
+_variants = itertools.count()
 
 
 @functools.cache
@@ -61,6 +68,18 @@ def python_twin() -> ModuleType:
     twin._AS_PYTHON = True
     spec.loader.exec_module(twin)
     return twin
+
+
+def variant(*, no_repeat: bool) -> ModuleType:
+    """This module loaded again with no-repeat on or off, compiled afresh on first use (no on-disk cache): each
+    call gives a new compilation, so two variants with the same switch are two copies of the same code (what a
+    benchmark's A/A arm times). With ``no_repeat=False`` a used tool may be chosen again; nothing else changes."""
+    spec = importlib.util.spec_from_file_location(f"{__name__}_variant{next(_variants)}", __file__)
+    assert spec is not None and spec.loader is not None  # this file exists: it is running
+    copy = importlib.util.module_from_spec(spec)
+    copy.NO_REPEAT, copy._CACHE = no_repeat, False
+    spec.loader.exec_module(copy)
+    return copy
 
 
 def _logit_float(scores: Any, hidden: Any, row: int, col: int) -> float:
@@ -156,9 +175,11 @@ def no_stats(stats: Any, row: int) -> None:
 
 @_jit
 def terminal_open(table: Any, allowed: Any, row: int, tool: int) -> bool:
-    """The node's tool may end here: it exists, is allowed, and is not used yet."""
+    """The node's tool may end here: it exists, is allowed, and is not used yet (with no-repeat on)."""
     if tool < 0 or (allowed.shape[0] > 0 and allowed[row, tool] == 0):
         return False
+    if not NO_REPEAT:
+        return True
     for j in range(table[row, EMITTED]):  # noqa: SIM110  (Numba compiles loops, not all() over a generator)
         if table[row, USED + j] == tool:
             return False
@@ -170,8 +191,11 @@ def next_crossing(table: Any, row: int, emitted: int, extra_tool: int, trie_inde
                   n_tools: int, tool_path_start: Any, tool_path_edges: Any, lowest: int) -> tuple[int, int]:
     """The lowest edge from ``lowest`` on that a used tool (or ``extra_tool``, unless -1) crosses at ``at_depth`` of
     trie ``trie_index``, and how many of them cross it; ``NO_EDGE`` and 0 when none does. Each tool's path has
-    one edge per depth, so only these edges lose count at a node (those of other nodes are never scanned)."""
+    one edge per depth, so only these edges lose count at a node (those of other nodes are never scanned). With
+    no-repeat off nothing crosses."""
     edge, times = NO_EDGE, 0
+    if not NO_REPEAT:
+        return edge, times
     for j in range(emitted + (1 if extra_tool >= 0 else 0)):
         used = table[row, USED + j] if j < emitted else extra_tool
         start = tool_path_start[trie_index * n_tools + used]
@@ -226,7 +250,7 @@ def open_edge(i: int, stride: int, row: int, fr: Any, trie: Any, n_tools: int, t
         if i - stride < n_own:  # this lane's first hop edge, at another node: crossings are looked up afresh
             crossing_edge = -1
     count = counts[row, edge] if counts.shape[0] > 0 else trie[3][edge]
-    if edge >= crossing_edge:
+    if NO_REPEAT and edge >= crossing_edge:  # with no-repeat off, nothing is subtracted
         if edge > crossing_edge:
             crossing_edge, crossing_times = next_crossing(table, row, table[row, EMITTED], extra_tool, trie_index,
                                                           at_depth, n_tools, trie[7], trie[8], edge)
