@@ -6,12 +6,15 @@ token sequence: each does its whole per-step work on the recorded logits (mask, 
 advances by *our* token, so all arms take the same number of steps over the same tokens. Arms:
 
 - ``tooltrie cpu``: ``tooltrie.kernels.step(artifact, state, logits, backend="cpu")`` (Numba; no-repeat on);
-- ``cpu twin, no-repeat on`` / ``cpu twin, no-repeat off``: a copy of the CPU step in this file that advances
-  by the recorded move; "on" calls the library's ``best_move``, "off" a copy of it without no-repeat (nothing
-  subtracted from the edge counts for the used tools, every allowed terminal unused). Same wrapper, same
-  advance: on/off - 1 is the cost of no-repeat;
-- ``cpu twin, no-repeat on (A/A)``: a second compilation of the "on" twin, timed like the others: on/A/A - 1
-  is what this machine's noise makes of two identical arms, the resolution of the on/off ratio;
+- ``cpu twin, no-repeat on`` / ``cpu twin, no-repeat off``: the library's ``choose_rows`` (``kernels/walk.py``:
+  search + advance, no statistics, no forced run) called directly with inputs built once. "On" is the library's
+  own compiled module; "off" is ``walk.variant(no_repeat=False)``, the same walk compiled with no-repeat switched
+  off (a compile-time constant: no used-tools code at all; a used tool may be chosen again). Same wrapper, same
+  walk otherwise: on/off - 1 is the cost of no-repeat. Where "off" chooses a used tool again it leaves the walk;
+  it is put back on the walk's state after the timer (counted), so both take the same steps;
+- ``cpu twin, no-repeat on (A/A)``: ``walk.variant(no_repeat=True)``, a second compilation of the "on" code,
+  timed like the others: on/A/A - 1 is what the noise of the machine it runs on makes of two identical arms,
+  the resolution of the on/off ratio;
 - ``tooltrie reference``: the NumPy/Python oracle (``backend="reference"``), for context;
 - ``TrieMatcher bitmask``: ``fill_next_token_bitmask`` + ``tooltrie.kernels.apply_token_bitmask_inplace``
   (NumPy) + argmax + ``accept_token``, the path for engines that want a bitmask;
@@ -66,7 +69,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numba
 import numpy as np
 from _common import RESULTS_DIR, Arm, StopArm, median, percentile, print_table, take_turns, write_results
 from bench_compile import hf_tokenizer
@@ -75,30 +77,14 @@ from tooltrie.compiler import Artifact, Contract, TokenizerInfo, compile_registr
 from tooltrie.compiler.ebnf import exactly_k_ebnf
 from tooltrie.kernels import TrieMatcher
 from tooltrie.kernels import step as tooltrie_step
+from tooltrie.kernels import walk as walk_module
 from tooltrie.kernels.bitmask import allocate_token_bitmask
 from tooltrie.kernels.bitmask import apply_token_bitmask_inplace as tooltrie_apply
-from tooltrie.kernels.cpu import as_numpy_scores
-from tooltrie.kernels.rules import legal_moves
-from tooltrie.kernels.state import DONE, EMITTED, NODE, RUNNING, STATUS, BatchState, K
-from tooltrie.kernels.vocab import VocabMap
-from tooltrie.kernels.walk import (
-    MOVE_EDGE,
-    MOVE_HOP,
-    MOVE_STOP,
-    beats,
-    best_move,
-    best_plain,
-    is_plain,
-    lse_add,
-    phase,
-    score,
-    take_move,
-    take_plain,
-)
+from tooltrie.kernels.cpu import CpuBackend, no_rows
+from tooltrie.kernels.state import DONE, RUNNING, BatchState
 from tooltrie.registry import BFCL_PATH, CATALOG_PATH, load_registry
 
 REGISTRIES = {"catalog": CATALOG_PATH, "bfcl": BFCL_PATH}
-KIND = {"edge": MOVE_EDGE, "hop": MOVE_HOP, "stop": MOVE_STOP}
 TARGETS = {
     "xgrammar_over_cpu_min": 20.0,  # XGrammar per-step median / tooltrie cpu per-step median, every config
     "outlines_over_cpu_min": 5.0,  # outlines-core / tooltrie cpu, every config where it was built
@@ -112,96 +98,32 @@ ARM_REBUILD = "xgrammar rebuild-and-retry"
 PEERS = (ARM_XGR, ARM_LLG, ARM_OC)
 
 
-# -- the no-repeat twins: a copy of kernels/cpu.py's row loop that advances by a given move --------------------
+# -- the no-repeat twins: compiled copies of kernels/walk.py, called the same way ---------------------------------
 
-@numba.njit(inline="always")
-def best_move_no_repeat_off(row: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id: int, table: Any,
-                            counts: Any, allowed: Any, scores: Any, hidden: Any, full_to_output: Any,
-                            with_stats: bool) -> tuple[float, int, int, int, float, float, float]:
-    """``kernels/walk.py``'s ``best_move`` with no-repeat off and nothing else changed (subsets and statistics
-    included): an edge is open when its count is positive, nothing subtracted for the used tools, and every
-    allowed terminal may stop or hop."""
-    node_edge_start, edge_token, edge_tool_count = trie[0], trie[1], trie[3]
-    node_tool, trie_root, phase_trie = trie[4], trie[5], trie[6]
-    k, node, emitted = table[row, K], table[row, NODE], table[row, EMITTED]
-    tool = node_tool[node]
-    unused = tool >= 0 and (allowed.shape[0] == 0 or allowed[row, tool] != 0)  # no scan of the used tools
-    own_counts = counts.shape[0] > 0
-    own_first, n_own = node_edge_start[node], node_edge_start[node + 1] - node_edge_start[node]
-    hop_first, n_hop = 0, 0
-    if unused and emitted + 1 < k:
-        root = trie_root[phase_trie[phase(emitted + 1, k)]]
-        hop_first, n_hop = node_edge_start[root], node_edge_start[root + 1] - node_edge_start[root]
-    best_value, best_token, best_kind, best_edge = -np.inf, -1, -1, -1
-    runner_up, lse_max, lse_sum = -np.inf, -np.inf, 0.0
-    for i in range(lane, n_own + n_hop, stride):
-        if i < n_own:
-            edge, kind = own_first + i, MOVE_EDGE
-        else:
-            edge, kind = hop_first + i - n_own, MOVE_HOP
-        count = counts[row, edge] if own_counts else edge_tool_count[edge]  # nothing subtracted
-        token = edge_token[edge]
-        col = full_to_output[token]
-        if count > 0 and col >= 0:
-            value = score(scores, hidden, row, col)
-            if with_stats:
-                runner_up = max(runner_up, min(value, best_value))
-                lse_max, lse_sum = lse_add(lse_max, lse_sum, value)
-            if beats(value, token, best_value, best_token):
-                best_value, best_token, best_kind, best_edge = value, token, kind, edge
-    if lane == 0 and unused and emitted + 1 == k and full_to_output[eos_id] >= 0:
-        value = score(scores, hidden, row, full_to_output[eos_id])
-        if with_stats:
-            runner_up = max(runner_up, min(value, best_value))
-            lse_max, lse_sum = lse_add(lse_max, lse_sum, value)
-        if beats(value, eos_id, best_value, best_token):
-            best_value, best_token, best_kind, best_edge = value, eos_id, MOVE_STOP, -1
-    return best_value, best_token, best_kind, best_edge, runner_up, lse_max, lse_sum
+class Twin:
+    """``choose_rows`` of one compiled copy of ``kernels/walk.py`` (the main module, or ``walk.variant``), called on
+    one row as ``kernels/cpu.py``'s ``step`` calls it (identity vocabulary, no statistics, no forced run), with the
+    inputs built once: every twin pays the same small wrapper, so their ratios are the walks' own."""
+
+    def __init__(self, module: Any, artifact: Artifact, vocab: int) -> None:
+        backend = CpuBackend(artifact)
+        self.choose_rows = module.choose_rows
+        self.trie, self.n_tools, self.eos_id = backend.trie, backend.n_tools, backend.eos_id
+        self.rows, self.chosen = np.zeros(1, np.int32), np.empty(1, np.int32)
+        self.ids = np.arange(vocab, dtype=np.int32)
+        self.unwanted = (no_rows(3, dtype=np.float64), no_rows(3), no_rows(0), no_rows())
+
+    def __call__(self, state: BatchState, logits: np.ndarray) -> int:
+        self.choose_rows(self.trie, self.n_tools, self.eos_id, -1, state.table, state.counts, state.allowed,
+                         self.rows, logits, None, logits.shape[1], self.ids, self.ids, self.chosen, *self.unwanted)
+        return int(self.chosen[0])
 
 
-def _replay_rows(best: Any) -> Any:
-    """``kernels/cpu.py``'s ``_step_rows`` with ``best`` for the move search; row 0 then advances by the given
-    move (the walk's), and the searched token goes to ``picked``."""
-
-    @numba.njit(nogil=True)
-    def rows(node_edge_start: Any, edge_token: Any, edge_child: Any, edge_tool_count: Any, node_tool: Any,
-             trie_root: Any, phase_trie: Any, tool_path_start: Any, tool_path_edges: Any, n_tools: int,
-             eos_id: int, reasoning_end_id: int, table: Any, counts: Any, allowed: Any, scores: Any,
-             hidden: Any, n_cols: int, full_to_output: Any, output_to_full: Any, chosen: Any, token: int,
-             kind: int, edge: int, picked: Any) -> None:
-        trie = (node_edge_start, edge_token, edge_child, edge_tool_count, node_tool, trie_root, phase_trie,
-                tool_path_start, tool_path_edges)
-        for row in range(table.shape[0]):
-            chosen[row] = -1
-            if table[row, STATUS] != RUNNING:
-                continue
-            if is_plain(table, row):
-                plain = best_plain(row, 0, 1, n_cols, scores, hidden, output_to_full, -1, False)[1]
-                take_plain(row, plain, eos_id, reasoning_end_id, table, chosen)
-                continue
-            picked[row] = best(row, 0, 1, trie, n_tools, eos_id, table, counts, allowed, scores, hidden,
-                               full_to_output, False)[1]
-            take_move(row, token, kind, edge, trie, table, chosen)
-
-    return rows
-
-
-_ROWS_ON, _ROWS_OFF = _replay_rows(best_move), _replay_rows(best_move_no_repeat_off)
-_ROWS_AA = _replay_rows(best_move)  # a second compilation of the "on" twin: the A/A arm
-
-
-def replay_step(rows: Any, artifact: Artifact, state: BatchState, logits: Any, move: tuple[int, int, int],
-                picked: np.ndarray) -> np.ndarray:
-    """``kernels/cpu.py``'s ``step`` + ``_run`` around a twin row loop."""
-    scores = as_numpy_scores(logits)
-    vocab = VocabMap.identity(scores.shape[1])
-    trie = artifact.trie
-    chosen = np.empty(len(state), dtype=np.int32)
-    rows(trie.node_edge_start, trie.edge_token, trie.edge_child, trie.edge_tool_count, trie.node_tool,
-         trie.trie_root, trie.phase_trie, trie.tool_path_start, trie.tool_path_edges, trie.n_tools,
-         artifact.eos_id, -1, state.table, state.counts, state.allowed, scores, None, scores.shape[1],
-         vocab.full_to_output, vocab.output_to_full, chosen, move[0], move[1], move[2], picked)
-    return chosen
+def twin_walks() -> dict[str, Any]:
+    """The twins' compiled copies of the walk: "on" is the library's own module, "off" a variant without
+    no-repeat, and the A/A arm a second compilation of the "on" code (``walk.variant(no_repeat=True)``)."""
+    return {ARM_ON: walk_module, ARM_OFF: walk_module.variant(no_repeat=False),
+            ARM_AA: walk_module.variant(no_repeat=True)}
 
 
 # -- walks --------------------------------------------------------------------------------------------------------
@@ -210,28 +132,25 @@ def replay_step(rows: Any, artifact: Artifact, state: BatchState, logits: Any, m
 class Walk:
     logits: list[np.ndarray]  # [1, V] float32 per step
     tokens: list[int]
-    moves: list[tuple[int, int, int]]  # (token, kind, edge) per step, for the twins' advance
+    after: list[np.ndarray]  # the state's table after each step, where a twin that went elsewhere is put back
     constrained: list[bool]  # whether no-repeat can bite at this step (a tool is already used)
     tools: list[str]
 
 
 def make_walks(artifact: Artifact, k: int, n_walks: int, vocab: int, seed: int, config: int) -> list[Walk]:
     walks = []
-    eos = artifact.eos_id
     for w in range(n_walks):
         rng = np.random.default_rng([seed, config, w])
         state = BatchState.start(artifact, [k])
         walk = Walk([], [], [], [], [])
         while state.status[0] == RUNNING:
-            slot = state.slot(0)
-            moves = legal_moves(artifact.trie, slot, eos)
+            used_tools = int(state.emitted[0]) > 0
             logits = rng.standard_normal((1, vocab), dtype=np.float32)
             token = int(tooltrie_step(artifact, state, logits, backend="cpu")[0])
-            move = moves[token]
             walk.logits.append(logits)
             walk.tokens.append(token)
-            walk.moves.append((token, KIND[move.kind], move.edge))
-            walk.constrained.append(slot.emitted > 0)
+            walk.after.append(state.table.copy())
+            walk.constrained.append(used_tools)
         if state.status[0] != DONE:
             raise RuntimeError(f"walk {w} ended in status {int(state.status[0])}")
         walk.tools = [artifact.registry.tools[t].name for t in state.tools(0)]
@@ -295,9 +214,10 @@ def arm_backend(backend: str, artifact: Artifact, k: int, walks: list[Walk], out
     return run
 
 
-def arm_twin(rows: Any, artifact: Artifact, k: int, walks: list[Walk], out: Samples, must_match: bool) -> Arm:
-    picked = np.empty(1, dtype=np.int32)
-
+def arm_twin(twin: Twin, artifact: Artifact, k: int, walks: list[Walk], out: Samples, must_match: bool) -> Arm:
+    """A twin choosing (search + advance) at every step of the walks. One that reaches another state than the walk
+    (the "off" twin choosing a used tool again) is put back on the walk's state after the timer, so every twin takes
+    the same steps; "on" twins must never need it."""
     def run() -> None:
         call = out.new_call()
         steps, answers = call.setdefault("step", []), call.setdefault("answer", [])
@@ -305,18 +225,20 @@ def arm_twin(rows: Any, artifact: Artifact, k: int, walks: list[Walk], out: Samp
         for walk in walks:
             state = BatchState.start(artifact, [k])
             total = 0.0
-            for logits, move, constrained in zip(walk.logits, walk.moves, walk.constrained, strict=True):
+            for logits, expected, after, constrained in zip(walk.logits, walk.tokens, walk.after, walk.constrained,
+                                                            strict=True):
                 began = clock()
-                replay_step(rows, artifact, state, logits, move, picked)
+                token = twin(state, logits)
                 spent = clock() - began
                 steps.append(spent * US)
                 if constrained:
                     late.append(spent * US)
                 total += spent
-                if picked[0] != move[0]:
+                if not np.array_equal(state.table, after):
                     if must_match:
-                        raise StopArm(f"searched {picked[0]}, the walk has {move[0]}")
+                        raise StopArm(f"chose {token}, the walk has {expected}")
                     out.argmax_differs += 1
+                    state.table[:] = after
             answers.append(total * US)
     return run
 
@@ -588,6 +510,7 @@ class Shared:
     xgr_info: Any
     llg_tokenizer: Any
     setup_s: dict[str, float]
+    walks: dict[str, Any]  # the twins' compiled copies of kernels/walk.py
 
 
 def setup(args: argparse.Namespace) -> Shared:
@@ -607,7 +530,7 @@ def setup(args: argparse.Namespace) -> Shared:
     began = clock()
     llg = llguidance.hf.from_tokenizer(hf, n_vocab=tokenizer.vocab_size, eos_token=tokenizer.eos_id)
     times["llguidance_LLTokenizer"] = clock() - began
-    return Shared(tokenizer, info, llg, times)
+    return Shared(tokenizer, info, llg, times, twin_walks())
 
 
 def stats(values: Sequence[float]) -> dict[str, float] | None:
@@ -630,9 +553,12 @@ def bench_config(args: argparse.Namespace, shared: Shared, registry: str, artifa
     samples = {name: Samples() for name in (ARM_CPU, ARM_ON, ARM_OFF, ARM_AA, ARM_REF, ARM_MATCHER, *PEERS)}
     arms: dict[str, Arm] = {
         ARM_CPU: arm_backend("cpu", artifact, k, walks, samples[ARM_CPU]),
-        ARM_ON: arm_twin(_ROWS_ON, artifact, k, walks, samples[ARM_ON], must_match=True),
-        ARM_OFF: arm_twin(_ROWS_OFF, artifact, k, walks, samples[ARM_OFF], must_match=False),
-        ARM_AA: arm_twin(_ROWS_AA, artifact, k, walks, samples[ARM_AA], must_match=True),
+        ARM_ON: arm_twin(Twin(shared.walks[ARM_ON], artifact, vocab), artifact, k, walks, samples[ARM_ON],
+                         must_match=True),
+        ARM_OFF: arm_twin(Twin(shared.walks[ARM_OFF], artifact, vocab), artifact, k, walks, samples[ARM_OFF],
+                          must_match=False),
+        ARM_AA: arm_twin(Twin(shared.walks[ARM_AA], artifact, vocab), artifact, k, walks, samples[ARM_AA],
+                         must_match=True),
         ARM_REF: arm_backend("reference", artifact, k, walks, samples[ARM_REF]),
         ARM_MATCHER: arm_matcher(artifact, k, walks, vocab, samples[ARM_MATCHER]),
     }
@@ -916,8 +842,10 @@ def main(argv: list[str] | None = None) -> int:
                                   "root ::= \", \" tool over the remaining names, compiled per answer "
                                   "(cache_enabled=False) + a new GrammarMatcher; tool boundaries known "
                                   "(a lower bound)"},
-        "no_repeat_twins": "bench copies of kernels/cpu.py's row loop advancing by the walk's move; 'on' calls "
-                           "kernels/walk.py's best_move, 'off' a copy without the used-tools subtraction",
+        "no_repeat_twins": "kernels/walk.py's choose_rows called directly (search + advance, no statistics, no "
+                           "forced run) from three compilations: 'on' the library's module, 'off' "
+                           "walk.variant(no_repeat=False) (no-repeat compiled out), 'A/A' walk.variant(no_repeat="
+                           "True); a twin that leaves the walk's state is put back on it after the timer",
         "outlines_stop": "outlines-core's Guide has no transition on the stop token: the last step is not advanced",
         "order": "arms take turns within each repeat, the first arm rotating; one untimed warm-up call per arm",
         "targets": TARGETS,

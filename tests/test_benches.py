@@ -1,8 +1,8 @@
 """The benchmarks still run against the library, tiny: ``bench/bench_step.py``'s no-repeat twins call
-``kernels/walk.py``'s move search (a change of its signature once broke the benchmark silently), and
-``bench/bench_decode.py`` drives the engine, the decoder and Hugging Face's generate. Each also checks what it can
-while it runs: the "on" twins must choose the walk's own tokens, and the engine must answer as the full head +
-mask does."""
+``kernels/walk.py``'s ``choose_rows`` from the library's module and from its compiled variants (a change of the
+walk's signatures once broke the benchmark silently), and ``bench/bench_decode.py`` drives the engine, the decoder
+and Hugging Face's generate. Each also checks what it can while it runs: the "on" twins must choose the walk's own
+tokens, and the engine must answer as the full head + mask does."""
 
 from __future__ import annotations
 
