@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from tooltrie.compiler.artifact import Artifact, CompileStats
 from tooltrie.compiler.contract import Contract
@@ -112,8 +113,9 @@ def name_problems(registry: Registry, tokenizer: TokenizerInfo, contract: Contra
     if not tools:
         return found
     lengths = bare.lengths
-    special_ids = np.array(sorted({tokenizer.token_to_id(token) for token in tokenizer.special_tokens}
-                                  - {None} | {tokenizer.eos_id}), dtype=np.int64)
+    special = {tokenizer.token_to_id(token) for token in tokenizer.special_tokens}
+    special_ids = np.array(sorted({token for token in special if token is not None} | {tokenizer.eos_id}),
+                           dtype=np.int64)
     tool_of_token = np.repeat(np.arange(len(tools)), lengths)
     has_special = np.bincount(tool_of_token[np.isin(bare.tokens, special_ids)], minlength=len(tools)) > 0
     decoded = tokenizer.decode_batch(bare_lists)
@@ -291,10 +293,10 @@ def _mismatches(
     answer = FlatPaths.of(answers)
     length = answer.lengths
     position = np.arange(len(answer.tokens)) - np.repeat(answer.starts[:-1], length)
-    size = np.repeat(length, length)
-    phase = np.where(position == 0, np.where(size == 1, PHASE_FIRST_LAST, PHASE_FIRST_MORE),
-                     np.where(position == size - 1, PHASE_NEXT_LAST, PHASE_NEXT_MORE))
-    key = np.asarray(table_of_phase)[phase] * n_tools + answer.tokens
+    answer_size = np.repeat(length, length)
+    position_phase = np.where(position == 0, np.where(answer_size == 1, PHASE_FIRST_LAST, PHASE_FIRST_MORE),
+                              np.where(position == answer_size - 1, PHASE_NEXT_LAST, PHASE_NEXT_MORE))
+    key = np.asarray(table_of_phase)[position_phase] * n_tools + answer.tokens
     seg_start, seg_length = table_starts[key], table_lengths[key]
     expected_length = np.add.reduceat(seg_length, answer.starts[:-1])
     expected = table_tokens[_ranges(seg_start, seg_length)]
@@ -305,13 +307,14 @@ def _mismatches(
     owner = np.repeat(np.arange(len(answers)), actual.lengths)[actual_owner]
     differs = np.zeros(len(answers), dtype=bool)
     differs[owner[expected[expected_owner] != actual.tokens[actual_owner]]] = True
-    return [answers[i] for i in np.nonzero(differs | ~same_length)[0]]
+    return [answers[int(i)] for i in np.nonzero(differs | ~same_length)[0]]
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def _ranges(starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """The concatenated ranges ``starts[i]:starts[i] + lengths[i]``, without a Python loop."""
     offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    return np.repeat(starts, lengths) + offsets
+    ranges: npt.NDArray[np.int64] = np.repeat(starts, lengths) + offsets
+    return ranges
 
 
 def _build(paths: dict[int, FlatPaths], registry: Registry) -> CompiledTrie:
