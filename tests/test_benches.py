@@ -41,3 +41,21 @@ def test_bench_decode_runs_and_the_engine_answers_as_the_full_head(tmp_path):
     for config in results["configs"]:
         assert config["b_vs_c_mismatches"] == [] and config["b_errors"] == 0, config["batch"]
         assert config["c_passes_plus_speculated_equal_decision_points"] is True, config["batch"]
+
+
+def test_bench_constraint_runs_and_its_arms_agree(tmp_path):
+    # Both registries, small: every step's cpu bitmask equals the reference's, mask_logits_ leaves exactly the
+    # bitmask's tokens, and XGrammar (no no-repeat) allows every token we allow.
+    results = _run("bench_constraint.py", tmp_path / "constraint.json", "--synthetic-size", "300", "--batches",
+                   "1,4", "--steps", "24", "--repeats", "1", "--skip-vllm")
+    assert [(c["registry"], c["batch"]) for c in results["configs"]] == [
+        ("bfcl", 1), ("bfcl", 4), ("synthetic-300", 1), ("synthetic-300", 4)]
+    for config in results["configs"]:
+        agreement = config["agreement"]
+        assert agreement["disagreements"] == [], agreement
+        steps = agreement["steps"]
+        assert agreement["cpu_equals_reference"] == agreement["mask_logits_equals_bitmask"] == steps
+        assert agreement["xgrammar_contains_ours"] == steps
+        assert config["walks"]["resets_in_steps"] > 0 or config["batch"] == 1  # rows are reset and go on
+        for arm in ("per-row reference", "batch cpu", "batch cpu + mask", "xgrammar"):
+            assert config["arms"][arm]["status"] == "ok", (arm, config["arms"][arm]["status"])
