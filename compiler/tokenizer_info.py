@@ -24,6 +24,7 @@ DEFAULT_TOKENIZER = "smollm2-135m"
 
 # Markers after which a reasoning model's answer starts; the constraint begins on the token after one.
 REASONING_END_MARKERS = ("</think>", "</thinking>", "<|end_of_thought|>", "</reasoning>")
+FINGERPRINT_RECORD = "fingerprint.json"  # beside tokenizer.json: its fingerprint, for the file's exact bytes
 _WORDS_PER_BATCH = 1_024  # texts per pre-tokenized input in encode_flat (batches run in parallel)
 _PROBE_TEXTS = 32  # texts of each encode_flat call also encoded on their own, as a check
 # Parts of tokenizer.json that decide which ids a text encodes to (the decoder and padding do not).
@@ -69,8 +70,7 @@ class TokenizerInfo:
             raise TokenizerError(f"{json_path}: no tokenizer.json there") from None
         except Exception as exc:  # the Rust side raises plain Exceptions for malformed files
             raise TokenizerError(f"{json_path}: not a Hugging Face tokenizer.json: {exc}") from None
-        spec = json.loads(text)
-        special = frozenset(t["content"] for t in spec.get("added_tokens", []) if t.get("special"))
+        special = frozenset(added.content for added in tokenizer.get_added_tokens_decoder().values() if added.special)
         eos = eos_token or _configured_eos(json_path.parent) or _guess_eos(special)
         if eos is None:
             raise TokenizerError(
@@ -80,15 +80,12 @@ class TokenizerInfo:
         eos_id = tokenizer.token_to_id(eos)
         if eos_id is None:
             raise TokenizerError(f"{json_path}: stop token {eos!r} is not in the vocabulary")
-        fingerprint_parts: dict[str, Any] = {key: spec.get(key) for key in _FINGERPRINT_KEYS}
-        fingerprint_parts["eos"] = [eos, eos_id]
-        canonical = json.dumps(fingerprint_parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
         return cls(
             tokenizer=tokenizer,
             source=name,
             eos_token=eos,
             eos_id=int(eos_id),
-            fingerprint=hashlib.sha256(canonical.encode("utf-8")).hexdigest(),
+            fingerprint=_recorded_fingerprint(json_path, text, eos, int(eos_id)) or fingerprint(text, eos, int(eos_id)),
             special_tokens=special,
         )
 
@@ -162,6 +159,47 @@ class TokenizerInfo:
     def token_to_id(self, token: str) -> int | None:
         found = self.tokenizer.token_to_id(token)
         return None if found is None else int(found)
+
+
+def fingerprint(text: str, eos: str, eos_id: int) -> str:
+    """The sha256 of what decides token ids in a ``tokenizer.json`` text (canonical JSON), and the stop token."""
+    spec = json.loads(text)
+    parts: dict[str, Any] = {key: spec.get(key) for key in _FINGERPRINT_KEYS}
+    parts["eos"] = [eos, eos_id]
+    canonical = json.dumps(parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def _recorded_fingerprint(json_path: Path, text: str, eos: str, eos_id: int) -> str | None:
+    """The fingerprint recorded beside a tokenizer file (``fingerprint.json``, as the bundled tokenizers have), if
+    it was recorded for exactly this file's bytes and stop token: a process then skips the canonical JSON of the
+    whole vocabulary (a third of a second for SmolLM2's)."""
+    record_path = json_path.with_name(FINGERPRINT_RECORD)
+    if not record_path.is_file():
+        return None
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(record, dict) or record.get("eos") != [eos, eos_id] or record.get(
+            "tokenizer_json_sha256") != hashlib.sha256(text.encode("utf-8")).hexdigest():
+        return None
+    found = record.get("fingerprint")
+    return found if isinstance(found, str) else None
+
+
+def write_fingerprint_record(source: str | Path) -> Path:
+    """Record a tokenizer's fingerprint beside its file (for the bundled ones: ``python -c 'from
+    tooltrie.compiler.tokenizer_info import write_fingerprint_record as w; w("gpt2"); w("smollm2-135m")'``)."""
+    info = TokenizerInfo.load(source)
+    path, _ = _resolve(source)
+    json_path = path / "tokenizer.json" if path.is_dir() else path
+    text = json_path.read_text(encoding="utf-8")
+    record = {"tokenizer_json_sha256": hashlib.sha256(text.encode("utf-8")).hexdigest(),
+              "eos": [info.eos_token, info.eos_id], "fingerprint": fingerprint(text, info.eos_token, info.eos_id)}
+    out = json_path.with_name(FINGERPRINT_RECORD)
+    out.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return out
 
 
 def _resolve(source: str | Path | None) -> tuple[Path, str]:

@@ -60,3 +60,23 @@ def test_tokenizer_variants(tmp_path: Path, change: dict[str, object]) -> None:
     texts = ["Get_Weather", "a, b", ", x", " lead", "trail ", "one two three four five six", "<|endoftext|>"] * 10
     flat = tokenizer.encode_flat(texts)
     assert [flat.path(i) for i in range(len(flat))] == _one_by_one(tokenizer, texts)
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "gpt2"])
+def test_the_recorded_fingerprint_is_the_computed_one(name: str, tmp_path: Path) -> None:
+    from tooltrie.compiler.tokenizer_info import FINGERPRINT_RECORD, fingerprint
+
+    folder = BUNDLED_TOKENIZERS_DIR / name
+    assert (folder / FINGERPRINT_RECORD).is_file()
+    info = TokenizerInfo.load(name)
+    text = (folder / "tokenizer.json").read_text(encoding="utf-8")
+    assert info.fingerprint == fingerprint(text, info.eos_token, info.eos_id)
+    spec = json.loads(text)
+    assert info.special_tokens == {t["content"] for t in spec["added_tokens"] if t.get("special")}
+    # A changed file beside the same record: the record is not for these bytes, the fingerprint is computed.
+    spec["model"]["vocab"]["zzzz-new-token"] = len(spec["model"]["vocab"]) + 1000
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    (tmp_path / FINGERPRINT_RECORD).write_bytes((folder / FINGERPRINT_RECORD).read_bytes())
+    changed = TokenizerInfo.load(tmp_path, eos_token=info.eos_token)
+    assert changed.fingerprint != info.fingerprint
+    assert changed.fingerprint == fingerprint(json.dumps(spec), info.eos_token, info.eos_id)
