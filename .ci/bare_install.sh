@@ -29,6 +29,17 @@ import json
 rows = [json.loads(line) for line in open("decoded.jsonl")]
 assert len(rows) == 2 and all(r["finish_reason"] == "stop" and len(set(r["tools"])) == 3 for r in rows), rows
 PY
+# The matcher API (the vLLM-style per-request object) on the same artifact.
+"$VENV/bin/python" - <<'PY'
+import sys
+from tooltrie.compiler import Artifact
+from tooltrie.kernels import TrieMatcher
+artifact = Artifact.load("catalog.trie.safetensors")
+matcher = TrieMatcher(artifact, 2)
+ids = [*artifact.token_path(["WeatherTool", "NewsTool"]), artifact.eos_id]
+assert all(matcher.accept_token(t) for t in ids) and matcher.is_terminated()
+assert "torch" not in sys.modules and "transformers" not in sys.modules
+PY
 # A part of an extra says what to install.
 if "$VENV/bin/tooltrie" ask "weather in Paris" 2> ask.err; then echo "ask ran without the model extra" >&2; exit 1; fi
 grep -q "pip install 'tooltrie\[model\]'" ask.err || { cat ask.err >&2; exit 1; }
