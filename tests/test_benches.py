@@ -47,7 +47,7 @@ def test_bench_constraint_runs_and_its_arms_agree(tmp_path):
     # Both registries, small: every step's cpu bitmask equals the reference's, mask_logits_ leaves exactly the
     # bitmask's tokens, and XGrammar (no no-repeat) allows every token we allow.
     results = _run("bench_constraint.py", tmp_path / "constraint.json", "--synthetic-size", "300", "--batches",
-                   "1,4", "--steps", "24", "--repeats", "1", "--skip-vllm")
+                   "1,4", "--steps", "24", "--repeats", "1", "--skip-vllm", "--no-xgr-cache")
     assert [(c["registry"], c["batch"]) for c in results["configs"]] == [
         ("bfcl", 1), ("bfcl", 4), ("synthetic-300", 1), ("synthetic-300", 4)]
     for config in results["configs"]:
