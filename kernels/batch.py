@@ -135,20 +135,24 @@ class TrieBatch:
             subset: Collection[int] | None = None) -> None:
         """Start a request in ``row``: exactly ``k`` distinct tools (of ``subset``, if given); with ``thinking``,
         the constraint starts after the reasoning-end marker; ``constrained=False``: a row without a grammar."""
+        self.backend.fetch(self.state)  # a device backend's rows moved on: the host copy first
         size = len(self.state)
         self.state.add(self.artifact, row, k, constrained=constrained, thinking=thinking, subset=subset)
         self._synced([row] if len(self.state) == size else range(len(self.state)))
 
     def remove(self, row: int) -> None:
+        self.backend.fetch(self.state)  # a device backend's rows moved on: the host copy first
         self.state.remove(row)
         self._synced([row])
 
     def move(self, source: int, target: int) -> None:
+        self.backend.fetch(self.state)  # a device backend's rows moved on: the host copy first
         size = len(self.state)
         self.state.move(source, target)
         self._synced([source, target] if len(self.state) == size else range(len(self.state)))
 
     def swap(self, a: int, b: int) -> None:
+        self.backend.fetch(self.state)  # a device backend's rows moved on: the host copy first
         size = len(self.state)
         self.state.swap(a, b)
         self._synced([a, b] if len(self.state) == size else range(len(self.state)))
@@ -183,7 +187,9 @@ class TrieBatch:
         return self.fetch().table[row].copy()
 
     def restore(self, row: int, saved: npt.NDArray[np.int32]) -> None:
-        self.state.table[row] = saved
+        self.backend.fetch(self.state)  # a device backend's rows moved on: the host copy first
+        self.state.table[row, : len(saved)] = saved
+        self.state.table[row, len(saved) :] = -1  # the table grew wider since (a larger k): no tools there
         self._synced([row])
 
     # -- the operations, one call each for the whole batch --------------------------------------------------------

@@ -376,18 +376,16 @@ class Engine:
         """A row thinking or without a grammar: argmax over the full head."""
         hidden = row.hidden
         assert hidden is not None  # every decision follows a forward pass
-        if row.thinking:  # a reasoning model thinks freely, but may not stop before its answer
-            logits = self.head @ hidden
-            logits[self.artifact.eos_id] = float("-inf")
-            token = int(torch.argmax(logits))
+        if row.thinking:  # a reasoning model thinks freely (the batch state keeps it from stopping before its answer)
+            logits = (self.head @ hidden).float()[None]
+            choice = self.batch.choose(logits if logits.is_cuda else logits.numpy(), [row.cache_slot])
+            token = int(choice.chosen[0])
             row.thinking = token != self.reasoning_end_id
             if len(row.token_ids) + 1 >= row.request.max_new_tokens and row.thinking:
                 row.token_ids.append(token)
                 row.pending, row.finish_reason = [], "length"
                 return
-            self.batch.accept([[token]], [row.cache_slot])
-            forced = [] if row.thinking else self.batch.follow_forced([row.cache_slot])[0]
-            self._take(row, [token], forced)
+            self._take(row, [token], choice.forced[0])
             return
         # no grammar: plain greedy over the full head
         token = int(torch.argmax(self.head @ hidden))

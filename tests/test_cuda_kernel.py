@@ -258,3 +258,27 @@ def test_subsets_counted_on_the_device_decode_as_the_reference(tools_artifact, p
             break
     assert (state_ref.status == DONE).all()
     assert set(state_ref.tools(0)) <= subsets[0] and state_ref.tools(2) == [6]
+
+
+@pytest.mark.skipif(not cuda.is_available() or config.ENABLE_CUDASIM, reason="CuPy arrays need a real GPU")
+def test_cupy_arrays_go_where_torch_tensors_do(tools_artifact):
+    """A CuPy pipeline: logits and hidden states as CuPy arrays (``__cuda_array_interface__``, zero-copy) are masked
+    and chosen on the device exactly as the CPU backend does on the host."""
+    cupy = pytest.importorskip("cupy", reason="CuPy is not installed (pip install 'tooltrie[cuda]')")
+    from tooltrie.kernels import TrieBatch
+
+    rng = np.random.default_rng(5)
+    batches = {name: TrieBatch(tools_artifact, backend=name, capacity=3) for name in ("cuda", "cpu")}
+    for batch in batches.values():
+        for row, k in enumerate((1, 2, 3)):
+            batch.add(row, k)
+    for _ in range(8):
+        logits = rng.standard_normal((3, 50257)).astype(np.float32)
+        masked_gpu, masked_cpu = cupy.asarray(logits), logits.copy()
+        batches["cuda"].mask_logits_(masked_gpu)
+        batches["cpu"].mask_logits_(masked_cpu)
+        np.testing.assert_array_equal(cupy.asnumpy(masked_gpu), masked_cpu)
+        on_gpu, on_cpu = batches["cuda"].choose(cupy.asarray(logits)), batches["cpu"].choose(logits)
+        np.testing.assert_array_equal(on_gpu.chosen, on_cpu.chosen)
+        assert on_gpu.forced == on_cpu.forced
+    np.testing.assert_array_equal(batches["cuda"].fetch().table, batches["cpu"].fetch().table)

@@ -1,0 +1,312 @@
+"""The persistent batch state against per-row oracles, as a hypothesis state machine.
+
+Random interleavings of what engines do between and during steps — add a request (k, subset, thinking, no
+grammar), remove it, move or swap rows, accept tokens chosen elsewhere (legal ones, illegal ones, the stop token,
+reasoning markers), fill a bitmask, mask logits in place, choose (random and tied logits, forced runs after),
+checkpoint and roll back a row — on random registries whose names are token-prefixes of each other. After every
+operation each backend's state must equal the readable oracle's (``kernels/rules.py`` slots, advanced here by the
+rules written out), and every output (chosen tokens, statistics, decision counts, forced runs, bitmasks, masked
+logits) must equal what the oracle says. The CPU and reference backends run in one machine; the CUDA backend (under
+``NUMBA_ENABLE_CUDASIM=1``, or on a GPU) in a smaller one: the simulator costs ~0.1 s per block.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from numba import config, cuda
+
+from tooltrie.compiler import Artifact, Contract, TokenizerInfo, compile_registry
+from tooltrie.kernels import TrieBatch
+from tooltrie.kernels.bitmask import allocate_token_bitmask, allowed_tokens
+from tooltrie.kernels.rules import Slot, Status, advance, fail, legal_moves
+from tooltrie.kernels.state import DONE, ERROR, RUNNING
+from tooltrie.registry import make_registry
+
+POOL = ["get", "get_user", "get_user_id", "set", "setup", "a", "ab", "abc", "météo", "search", "search_web", "x"]
+MARKER = 0  # the reasoning-end marker of these tests ("!" in GPT-2), a token no trie starts with
+ROWS = 6
+
+
+@dataclass
+class Row:
+    """The oracle's row: a trie slot (constrained rows), or the plain status of a row without a grammar."""
+
+    slot: Slot | None
+    thinking: bool
+    plain_status: Status = Status.RUNNING
+
+    @property
+    def status(self) -> Status:
+        return self.slot.status if self.slot is not None else self.plain_status
+
+
+def _registries(tokenizer: TokenizerInfo) -> list[Artifact]:
+    rng = random.Random(19)
+    artifacts = []
+    for i, separator in enumerate([", ", "\n", " | "]):
+        names = rng.sample(POOL, rng.randint(4, len(POOL)))
+        artifacts.append(compile_registry(make_registry([{"name": n} for n in names], name=f"random{i}"), tokenizer,
+                                          Contract(separator=separator)))
+    return artifacts
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> list[Artifact]:
+    return _registries(TokenizerInfo.load("gpt2"))
+
+
+class BatchMachine(RuleBasedStateMachine):
+    backends: tuple[str, ...] = ()
+    artifacts: ClassVar[list[Artifact]] = []
+
+    @initialize(which=st.integers(0, 2))
+    def start(self, which: int) -> None:
+        self.artifact = self.artifacts[which]
+        self.eos = self.artifact.eos_id
+        self.vocab = self.artifact.max_token_id + 1
+        self.batches = {name: TrieBatch(self.artifact, backend=name, capacity=2, reasoning_end_id=MARKER)
+                        for name in self.backends}
+        self.rows: dict[int, Row] = {}
+        self.saved: dict[int, tuple[Row, dict[str, Any]]] = {}
+
+    # -- the oracle ----------------------------------------------------------------------------------------------
+
+    def _legal(self, row: Row) -> list[int] | None:
+        """The oracle's legal next tokens (None: anything; for a thinking row, anything but stop)."""
+        if row.status is not Status.RUNNING:
+            return [self.eos]
+        if row.slot is None or row.thinking:
+            return None
+        return sorted(legal_moves(self.artifact.trie, row.slot, self.eos))
+
+    def _accept(self, row: Row, token: int) -> Row:
+        if row.status is not Status.RUNNING:
+            return row
+        if row.slot is None or row.thinking:
+            if token < 0 or (row.thinking and token == self.eos):
+                return replace(row, slot=fail(row.slot) if row.slot else None, plain_status=Status.ERROR)
+            if row.thinking and token == MARKER:
+                return replace(row, thinking=False)
+            if row.slot is None and token == self.eos:
+                return replace(row, plain_status=Status.DONE)
+            return row
+        move = legal_moves(self.artifact.trie, row.slot, self.eos).get(token)
+        return replace(row, slot=fail(row.slot) if move is None else advance(self.artifact.trie, row.slot, move))
+
+    def _forced(self, row: Row) -> tuple[Row, list[int]]:
+        forced: list[int] = []
+        while row.slot is not None and not row.thinking and row.status is Status.RUNNING:
+            moves = legal_moves(self.artifact.trie, row.slot, self.eos)
+            if len(moves) != 1:
+                break
+            (move,) = moves.values()
+            forced.append(move.token)
+            row = replace(row, slot=advance(self.artifact.trie, row.slot, move))
+        return row, forced
+
+    def _expected_row(self, row: Row) -> list[int]:
+        legal = self._legal(row)
+        if legal is None:
+            return [t for t in range(self.vocab) if not (row.slot is not None and t == self.eos)]
+        return legal
+
+    # -- rows come and go ------------------------------------------------------------------------------------------
+
+    @rule(row=st.integers(0, ROWS - 1), k=st.integers(1, 3),
+          kind=st.sampled_from(["trie", "trie", "thinking", "plain"]), subset_seed=st.none() | st.integers(0, 1000))
+    def add(self, row: int, k: int, kind: str, subset_seed: int | None) -> None:
+        n_tools = self.artifact.trie.n_tools
+        subset = None
+        if subset_seed is not None and kind != "plain":
+            rng = random.Random(subset_seed)
+            subset = frozenset(rng.sample(range(n_tools), rng.randint(k, n_tools)))
+        constrained = kind != "plain"
+        for batch in self.batches.values():
+            batch.add(row, k, constrained=constrained, thinking=kind == "thinking", subset=subset)
+        slot = Slot.start(self.artifact.trie, k, subset) if constrained else None
+        self.rows[row] = Row(slot, thinking=kind == "thinking")
+        self.saved.pop(row, None)
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data())
+    def remove(self, data: st.DataObject) -> None:
+        row = data.draw(st.sampled_from(sorted(self.rows)))
+        for batch in self.batches.values():
+            batch.remove(row)
+        del self.rows[row]
+        self.saved.pop(row, None)
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data(), destination=st.integers(0, ROWS + 1), swap=st.booleans())
+    def move(self, data: st.DataObject, destination: int, swap: bool) -> None:
+        source, target = data.draw(st.sampled_from(sorted(self.rows))), destination
+        for batch in self.batches.values():
+            batch.swap(source, target) if swap else batch.move(source, target)
+        moving, displaced = self.rows.pop(source), self.rows.pop(target, None)
+        self.rows[target] = moving
+        if swap and displaced is not None:
+            self.rows[source] = displaced
+        if source == target:
+            self.rows[target] = moving
+        self.saved.pop(source, None)
+        self.saved.pop(target, None)
+
+    # -- a step ----------------------------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data())
+    def accept(self, data: st.DataObject) -> None:
+        rows = data.draw(st.lists(st.sampled_from(sorted(self.rows)), min_size=1, max_size=4, unique=True))
+        tokens = []
+        for row in rows:
+            legal = self._legal(self.rows[row])
+            choices = st.sampled_from(legal) if legal else st.integers(0, self.vocab - 1)
+            how = data.draw(st.sampled_from(["legal", "legal", "legal", "any", "stop", "marker"]))
+            token = {"legal": choices, "any": st.integers(-1, self.vocab + 5), "stop": st.just(self.eos),
+                     "marker": st.just(MARKER)}[how]
+            run = data.draw(st.lists(token, min_size=0, max_size=2))
+            tokens.append(run)
+            for t in run:
+                self.rows[row] = self._accept(self.rows[row], t)
+        layout = [*rows, -1]  # a row of the engine's batch that is not ours
+        for batch in self.batches.values():
+            batch.accept([*tokens, [self.eos, 5]], layout)
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data())
+    def fill(self, data: st.DataObject) -> None:
+        rows = data.draw(st.permutations(sorted(self.rows)))
+        layout = [*rows, -1]
+        for name, batch in self.batches.items():
+            bitmask = allocate_token_bitmask(len(layout), self.vocab)
+            batch.fill_bitmask(bitmask, layout)
+            for i, row in enumerate(rows):
+                assert allowed_tokens(bitmask[i], self.vocab).tolist() == self._expected_row(self.rows[row]), name
+            assert (bitmask[-1] == -1).all(), name  # untouched
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data(), dtype=st.sampled_from(["float32", "float16"]))
+    def mask(self, data: st.DataObject, dtype: str) -> None:
+        rows = data.draw(st.permutations(sorted(self.rows)))
+        logits = np.random.default_rng(data.draw(st.integers(0, 99))).standard_normal(
+            (len(rows) + 1, self.vocab)).astype(dtype)
+        for name, batch in self.batches.items():
+            masked = logits.copy()
+            batch.mask_logits_(masked, [*rows, -1])
+            for i, row in enumerate(rows):
+                kept = np.flatnonzero(masked[i] > -np.inf).tolist()
+                assert kept == self._expected_row(self.rows[row]), name
+                np.testing.assert_array_equal(masked[i, kept], logits[i, kept])
+                assert np.isneginf(np.delete(masked[i], kept)).all()
+            np.testing.assert_array_equal(masked[-1], logits[-1])
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data(), tied=st.booleans())
+    def choose(self, data: st.DataObject, tied: bool) -> None:
+        rows = data.draw(st.permutations(sorted(self.rows)))
+        layout = [*rows, -1]
+        rng = np.random.default_rng(data.draw(st.integers(0, 99)))
+        logits = (rng.integers(0, 3, (len(layout), self.vocab)) if tied
+                  else rng.standard_normal((len(layout), self.vocab))).astype(np.float32)
+        expected = [self._choose(row, logits[i]) for i, row in enumerate(rows)]
+        for name, batch in self.batches.items():
+            choice = batch.choose(logits, layout)
+            for i, (chosen, stats, decision, forced) in enumerate(expected):
+                assert choice.chosen[i] == chosen, name
+                assert choice.forced[i] == forced, name
+                if decision is not None:
+                    assert choice.decision[i].tolist() == decision, name
+                if stats is None:
+                    assert np.isnan(choice.stats[i]).all(), name
+                else:
+                    np.testing.assert_allclose(choice.stats[i], stats, rtol=1e-9, atol=1e-9, err_msg=name)
+            assert choice.chosen[-1] == -1 and choice.forced[-1] == []
+
+    def _choose(self, row_index: int, logits: np.ndarray) -> tuple[int, Any, Any, list[int]]:
+        row = self.rows[row_index]
+        if row.status is not Status.RUNNING:
+            return -1, None, None, []
+        decision = None
+        if row.slot is None or row.thinking:
+            candidates = [(float(logits[t]), t) for t in range(self.vocab) if not (row.slot and t == self.eos)]
+        else:
+            moves = legal_moves(self.artifact.trie, row.slot, self.eos)
+            candidates = [(float(logits[t]), t) for t in moves]
+            continuing = sum(m.kind != "hop" for m in moves.values())
+            decision = [len(moves), continuing, row.slot.emitted + (continuing == 0)]
+        value, token = max(candidates, key=lambda c: (c[0], -c[1]))
+        values = sorted((v for v, _ in candidates), reverse=True)
+        top = values[0]
+        total = top + math.log(sum(math.exp(v - top) for v in values))
+        stats = [value, values[1] if len(values) > 1 else -math.inf, total]
+        row = self._accept(row, token)
+        row, forced = self._forced(row)
+        self.rows[row_index] = row
+        return token, stats, decision, forced
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data())
+    def checkpoint(self, data: st.DataObject) -> None:
+        row = data.draw(st.sampled_from(sorted(self.rows)))
+        self.saved[row] = (self.rows[row], {name: batch.checkpoint(row) for name, batch in self.batches.items()})
+
+    @precondition(lambda self: self.saved)
+    @rule(data=st.data())
+    def rollback(self, data: st.DataObject) -> None:
+        row = data.draw(st.sampled_from(sorted(self.saved)))
+        self.rows[row], saved = self.saved[row]
+        for name, batch in self.batches.items():
+            batch.restore(row, saved[name])
+
+    # -- after every operation -------------------------------------------------------------------------------------
+
+    @invariant()
+    def every_backend_holds_the_oracles_rows(self) -> None:
+        if not hasattr(self, "batches"):
+            return
+        for name, batch in self.batches.items():
+            state = batch.fetch()
+            for row, expected in self.rows.items():
+                assert int(state.status[row]) == int(expected.status), (name, row)
+                assert bool(state.thinking[row]) == expected.thinking, (name, row)
+                if expected.slot is not None:
+                    got = state.slot(row)
+                    assert (got.node, got.depth, got.used) == (expected.slot.node, expected.slot.depth,
+                                                                expected.slot.used), (name, row)
+                    whole = frozenset(range(self.artifact.trie.n_tools))  # no subset: every tool
+                    assert (got.allowed or whole) == (expected.slot.allowed or whole), (name, row)
+
+
+@pytest.mark.parametrize("backends", [("reference", "cpu")])
+def test_batch_state_machine_host_backends(artifacts: list[Artifact], backends: tuple[str, ...]) -> None:
+    machine = type("HostBatchMachine", (BatchMachine,), {"backends": backends, "artifacts": artifacts})
+    run_state_machine_as_test(machine, settings=settings(max_examples=40, stateful_step_count=25, deadline=None,
+                                                         suppress_health_check=[HealthCheck.too_slow]))
+
+
+@pytest.mark.skipif(not (config.ENABLE_CUDASIM or cuda.is_available()),
+                    reason="no GPU here and NUMBA_ENABLE_CUDASIM is not set: the CUDA kernels cannot run")
+def test_batch_state_machine_cuda_backend(artifacts: list[Artifact]) -> None:
+    machine = type("CudaBatchMachine", (BatchMachine,), {"backends": ("cuda", "cpu"), "artifacts": artifacts})
+    run_state_machine_as_test(machine, settings=settings(max_examples=12, stateful_step_count=10, deadline=None,
+                                                         suppress_health_check=[HealthCheck.too_slow]))
+
+
+def test_the_status_values_are_the_oracles() -> None:
+    assert (RUNNING, DONE, ERROR) == (Status.RUNNING, Status.DONE, Status.ERROR)
