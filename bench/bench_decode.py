@@ -40,7 +40,7 @@ Timing: arms take turns (``take_turns``), the first arm rotating from turn to tu
 query, at batch 16 a turn is the whole batch. An untimed engine run over all queries (batch 16) per k is the
 warm-up and gives N. ``--budget-s`` bounds the whole run: every configuration gets one repeat, and a further
 repeat runs only if it should end within the budget (the sample counts are in the results). Torch runs with one
-intra-op thread by default (``--torch-threads``): on this shared 2-core machine, two threads made the same loop
+intra-op thread by default (``--torch-threads``): on a shared 2-core machine, two threads made the same loop
 take 40x longer now and then (OpenMP waiting for a core another process holds), one thread is steady. Other
 processes may share the machine: the load average is recorded.
 

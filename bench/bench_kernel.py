@@ -1,6 +1,8 @@
 """GPU decode step: our kernel (both placements, both thread layouts) against the masked full-vocabulary argmax
 of torch and XGrammar's ``apply_token_bitmask_inplace`` + argmax, on the same logits and the same slot states;
-and the fused sparse head against a full ``h @ W.T`` + argmax.
+the production path (``TrieBatch`` on the CUDA backend, state resident on the device): ``choose`` with its outputs
+copied to the host, and ``accept`` + ``mask_logits_`` + argmax (what the vLLM adapters do); and the fused sparse
+head against a full ``h @ W.T`` + argmax.
 
 Kernel time is read from the CUDA profiler (torch.profiler, CUPTI): the sum of the GPU kernels each arm launches,
 so Python's launch overhead is excluded; the wall time of a synchronised call is reported beside it.
@@ -32,15 +34,19 @@ from tooltrie.registry import BFCL_PATH, CATALOG_PATH, load_registry
 HIDDEN_SIZE = 576  # SmolLM2-135M
 
 
-def trajectory(artifact: Artifact, batch: int, k: int, vocab: int, seed: int) -> list[np.ndarray]:
-    """Slot tables at every step of a real decode (reference backend, random logits), so each timed launch
-    sees the states a decode goes through: roots with many edges, deep nodes with one."""
+def trajectory(artifact: Artifact, batch: int, k: int, vocab: int, seed: int,
+               chosen: list[np.ndarray] | None = None) -> list[np.ndarray]:
+    """Slot tables at every step of a real decode (CPU backend, random logits), so each timed launch sees the
+    states a decode goes through: roots with many edges, deep nodes with one. ``chosen`` gets each step's tokens
+    (the tokens that lead from table i to table i + 1)."""
     rng = np.random.default_rng(seed)
     state = BatchState.start(artifact, [k] * batch)
     tables = []
     while (state.status == RUNNING).any():
         tables.append(state.table.copy())
-        step(artifact, state, rng.standard_normal((batch, vocab), dtype=np.float32), backend="cpu")
+        tokens = step(artifact, state, rng.standard_normal((batch, vocab), dtype=np.float32), backend="cpu")
+        if chosen is not None:
+            chosen.append(tokens)
     return tables
 
 
@@ -81,10 +87,13 @@ def kernel_time_us(run: Callable[[], None], repeats: int) -> tuple[float, float]
 def bench_registry(name: str, artifact: Artifact, batch: int, layouts: list[str], repeats: int, seed: int,
                    vocab: int) -> list[dict[str, Any]]:
     import torch
+    from numba import cuda
 
+    from tooltrie.kernels import TrieBatch
     from tooltrie.kernels.cuda import CudaStepper
 
-    tables = trajectory(artifact, batch, 3, vocab, seed)
+    steps: list[np.ndarray] = []
+    tables = trajectory(artifact, batch, 3, vocab, seed, steps)
     device = torch.device("cuda")
     logits = torch.randn(batch, vocab, device=device)
     tables_dev = [torch.from_numpy(t).to(device) for t in tables]
@@ -111,6 +120,27 @@ def bench_registry(name: str, artifact: Artifact, batch: int, layouts: list[str]
                 stepper.step(work_table, logits, chosen)
 
             rows.append(_row(name, batch, f"tooltrie {placement}/{layout}", *kernel_time_us(ours, repeats)))
+    production = TrieBatch(artifact, backend="cuda", capacity=batch)
+    for row in range(batch):
+        production.add(row, 3)
+    production.backend.table = cuda.as_cuda_array(work_table)  # the trajectory's states are copied into it
+    scratch_logits = logits.clone()
+    step_tokens = [token[:, None].astype(np.int32) for token in steps]
+
+    def batch_choose() -> None:
+        work_table.copy_(tables_dev[next_state()])
+        production.choose(logits)
+
+    def batch_accept_mask() -> None:
+        i = next_state()
+        work_table.copy_(tables_dev[i])
+        scratch_logits.copy_(logits)
+        production.accept(step_tokens[i])
+        production.mask_logits_(scratch_logits)
+        scratch_logits.argmax(-1)
+
+    rows.append(_row(name, batch, "TrieBatch.choose (+ host outputs)", *kernel_time_us(batch_choose, repeats)))
+    rows.append(_row(name, batch, "TrieBatch accept+mask+argmax", *kernel_time_us(batch_accept_mask, repeats)))
     copy_only = _row(name, batch, "(state copy alone)", *kernel_time_us(
         lambda: work_table.copy_(tables_dev[next_state()]), repeats))
     rows.append(copy_only)

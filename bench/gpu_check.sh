@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The GPU checks, as one prepared run on a lent GPU machine (see the device tool's README), results under $OUT:
+# The GPU checks, as one prepared run on a machine with one CUDA GPU and no network, results under $OUT:
 #   1. the tests that use a GPU where there is one, on the real GPU (not the simulator): the CUDA kernels against
-#      the NumPy reference, the kernel's statistics, the engine with decisions through the kernel (model on the CPU
-#      and on the GPU, float32 and bfloat16), the shared-prefix decoder on the GPU against the model's own forward;
-#   2. bench/bench_kernel.py: step time for both placements and layouts vs torch and XGrammar, sparse head;
+#      the NumPy reference, the batch state machine (CUDA backend against the oracle), CuPy arrays, the kernel's
+#      statistics, the engine with the CUDA backend (model on the CPU and on the GPU, float32 and bfloat16), the
+#      shared-prefix decoder on the GPU against the model's own forward;
+#   2. bench/bench_kernel.py: step time for both placements and layouts vs torch and XGrammar, the production
+#      path (TrieBatch.choose; accept + mask_logits_ + argmax) with its wall time per step, the sparse head;
 #   3. bench/bench_decode.py on the GPU: the engine against full-head decoding, bfloat16 and float32. The real
 #      weights cannot travel (the machine has no network; a call carries 64 MiB), so the default's architecture
 #      runs with random weights (--weights random): the same cost per token.
@@ -42,7 +44,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log its status
 import importlib.metadata as m, sys, torch
 from numba import cuda
 print("python", sys.version.split()[0], "| torch", torch.__version__, "cuda", torch.version.cuda)
-for name in ("numba", "numba-cuda", "llvmlite", "numpy", "transformers", "tokenizers", "xgrammar", "hypothesis"):
+for name in ("numba", "numba-cuda", "llvmlite", "numpy", "transformers", "tokenizers", "xgrammar", "hypothesis", "cupy"):
     try:
         print(f"{name} {m.version(name)}", end=" | ")
     except m.PackageNotFoundError:
@@ -50,7 +52,8 @@ for name in ("numba", "numba-cuda", "llvmlite", "numpy", "transformers", "tokeni
 print("\nnumba.cuda from", cuda.__file__, "| device:", cuda.get_current_device().name)
 EOF
   step "GPU tests" 240 python3 -m pytest -p no:cacheprovider -rs --junitxml="$OUT/pytest.xml" \
-    tests/test_cuda_kernel.py tests/test_kernels_stats.py tests/test_serve_engine_kernels.py tests/test_serve_decoder.py
+    tests/test_cuda_kernel.py tests/test_kernels_batch_state.py tests/test_kernels_stats.py \
+    tests/test_serve_engine_kernels.py tests/test_serve_decoder.py
   step "bench_kernel" 150 python3 bench/bench_kernel.py --repeats 100 --out "$OUT/kernel.json"
   step "bench_decode bfloat16" 120 python3 bench/bench_decode.py --device cuda --weights random --dtype bfloat16 \
     --budget-s 60 --out "$OUT/decode-gpu-bfloat16.json"
