@@ -27,7 +27,7 @@ def write_text(path: str | Path, text: str) -> Path:
 
 def relative_paths(value: Any, *, root: str | Path | None = None) -> Any:
     """``value`` (JSON-like) with every string that names a path inside ``root`` (default: the working directory)
-    made relative to it, a ``file:line`` suffix kept: ``/home/me/tooltrie/eval/data/q.jsonl:7`` ->
+    made relative to it, a ``file:line`` suffix kept: ``<root>/eval/data/q.jsonl:7`` ->
     ``eval/data/q.jsonl:7``. Other strings are left as they are."""
     prefix = str(Path(root or Path.cwd()).resolve()).rstrip(os.sep) + os.sep
     if isinstance(value, dict):
