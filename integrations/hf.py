@@ -13,8 +13,6 @@ row's answer is complete only the stop token is left (``generate`` pads finished
 
 from __future__ import annotations
 
-from typing import cast
-
 import numpy as np
 import torch
 from transformers import LogitsProcessor
@@ -47,7 +45,7 @@ class TrieLogitsProcessor(LogitsProcessor):
         assert self._batch is not None  # started above
         self._batch.mask_logits_(scores)
         self._raise_on_error("no legal token after")
-        return cast(torch.FloatTensor, scores)
+        return scores
 
     def tools(self, sequences: torch.Tensor | None = None) -> list[list[str]]:
         """The tools each row's answer names. Pass ``generate``'s output to include what the last step chose

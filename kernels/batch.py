@@ -184,7 +184,8 @@ class TrieBatch:
 
     def checkpoint(self, row: int) -> npt.NDArray[np.int32]:
         """The row's state (a few ints; its subset counts never change), for :meth:`restore` (rollback)."""
-        return self.fetch().table[row].copy()
+        saved: npt.NDArray[np.int32] = self.fetch().table[row].copy()
+        return saved
 
     def restore(self, row: int, saved: npt.NDArray[np.int32]) -> None:
         self.backend.fetch(self.state)  # a device backend's rows moved on: the host copy first

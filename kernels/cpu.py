@@ -173,4 +173,5 @@ def _step(artifact: Artifact, state: BatchState, scores: Any, hidden: Any, reaso
     out = Outputs(np.empty(len(state), np.int32), no_rows(3, dtype=np.float64) if stats is None else stats,
                   no_rows(3), no_rows(0), no_rows())
     backend.choose(state, rows, scores, hidden, vocab, out)
-    return out.chosen
+    chosen: npt.NDArray[np.int32] = out.chosen
+    return chosen

@@ -68,7 +68,8 @@ class TrieMatcher:
             return []
         self._batch.fill_bitmask(self._scratch)
         self._batch.restore(0, self._history[-1])  # a row with nothing legal was put in error: not by a query
-        return allowed_tokens(self._scratch[0], self._scratch.shape[1] * 32).tolist()
+        legal: list[int] = allowed_tokens(self._scratch[0], self._scratch.shape[1] * 32).tolist()
+        return legal
 
     def accept_token(self, token: int) -> bool:
         """Advance by ``token`` if legal; an illegal token is refused and changes nothing."""
@@ -107,7 +108,8 @@ class TrieMatcher:
 
     def tools(self) -> list[int]:
         row = self._history[-1]
-        return row[walk_columns.USED : walk_columns.USED + row[walk_columns.EMITTED]].tolist()
+        used: list[int] = row[walk_columns.USED : walk_columns.USED + row[walk_columns.EMITTED]].tolist()
+        return used
 
     def tool_names(self) -> list[str]:
         return [self.artifact.registry.tools[t].name for t in self.tools()]

@@ -181,7 +181,8 @@ def step(artifact: Artifact, state: BatchState, logits: npt.NDArray[np.floating]
     out = Outputs(np.empty(len(state), np.int32), no_rows(3, dtype=np.float64) if stats is None else stats,
                   no_rows(3), no_rows(0), no_rows())
     backend.choose(state, np.arange(len(state), dtype=np.int32), logits, None, vocab, out)
-    return out.chosen
+    chosen: npt.NDArray[np.int32] = out.chosen
+    return chosen
 
 
 __all__ = ["ReferenceBackend", "Status", "step"]

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["tooltrie.eval.datasets", "tooltrie.eval.scoring", "tooltrie.integrations.vllm_rows", "tooltrie.kernels.batch"]
+MODULES = ["tooltrie.eval.datasets", "tooltrie.eval.scoring"]
 
 
 @pytest.mark.parametrize("name", MODULES)
