@@ -249,6 +249,11 @@ def test_v1_masks_equal_the_core_through_batch_updates(catalog_artifact: Artifac
             processor.update_state(BatchUpdate(batch_size=len(rows), removed=[], added=[],
                                                moved=[(0, 3, MoveDirectionality.SWAP)]))
             rows[0], rows[3] = rows[3], rows[0]
+        elif step == 4:  # and moves row 1's request to a new row 4 (row 1 is left empty)
+            rows.append(None)
+            processor.update_state(BatchUpdate(batch_size=len(rows), removed=[], added=[],
+                                               moved=[(1, 4, MoveDirectionality.UNIDIRECTIONAL)]))
+            rows[1], rows[4] = None, rows[1]
         else:
             processor.update_state(None)
         logits = torch.randn((len(rows), vocab), generator=torch_rng)
