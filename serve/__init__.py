@@ -3,3 +3,7 @@
 and the HTTP/MCP discovery endpoint (``server``: a ``service`` whose ``worker`` thread drives the engines; ``access``,
 ``policy``, ``mcp_tools``, ``schema``, ``limits``, ``errors``, ``metrics``). The Hugging Face and vLLM adapters are in
 ``tooltrie.integrations``."""
+
+from tooltrie.extras import require_extra
+
+require_extra("model", "torch", "transformers", "jinja2")  # say what to install, before any module of serving fails

@@ -9,6 +9,8 @@ True
 
 from __future__ import annotations
 
+import importlib.util
+
 # Top-level module -> the extra that installs it (see pyproject.toml).
 EXTRA_OF_MODULE = {
     "torch": "model",
@@ -36,3 +38,12 @@ def missing_extra_message(module: str | None) -> str | None:
     if extra is None:
         return None
     return f"{module} is not installed: it comes with the {extra!r} extra: pip install 'tooltrie[{extra}]'"
+
+
+def require_extra(extra: str, *modules: str) -> None:
+    """Raise ``ModuleNotFoundError`` naming the extra and its pip command when one of ``modules`` is missing (looked
+    up, not imported: the check costs nothing when they are there)."""
+    missing = [module for module in modules if importlib.util.find_spec(module) is None]
+    if missing:
+        raise ModuleNotFoundError(f"{', '.join(missing)} not installed: this part of tooltrie comes with the {extra!r} "
+                                  f"extra: pip install 'tooltrie[{extra}]'", name=missing[0])
