@@ -139,7 +139,7 @@ class TokenizerInfo:
         batches = [[word for text in texts[start : start + _WORDS_PER_BATCH] for word in (text, stop)]
                    for start in range(0, len(texts), _WORDS_PER_BATCH)]
         encodings = self.tokenizer.encode_batch_fast(batches, is_pretokenized=True, add_special_tokens=False)
-        ids = np.array(Encoding.merge(encodings, growing_offsets=False).ids, dtype=np.int64)
+        ids = np.concatenate([np.array(encoding.ids, dtype=np.int64) for encoding in encodings])
         ends = np.flatnonzero(ids == self.eos_id)
         if len(ends) != len(texts):  # a text that encodes to the stop token: the boundaries are unknown
             return None
