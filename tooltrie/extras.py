@@ -28,6 +28,7 @@ EXTRA_OF_MODULE = {
     "matplotlib": "eval",
     "xgrammar": "eval",
     "numba_cuda": "cuda",
+    "cupy": "cuda",
     "vllm": "vllm",
 }
 
