@@ -41,7 +41,7 @@ if config.ENABLE_CUDASIM:  # the simulator runs Python: give it the walk as Pyth
     walk = walk.python_twin()
 accept_token, beats, best_move, best_plain, follow_forced = (
     walk.accept_token, walk.beats, walk.best_move, walk.best_plain, walk.follow_forced)
-is_plain, mark_legal, or_bits, plain_excluded = walk.is_plain, walk.mark_legal, walk.or_bits, walk.plain_excluded
+clear_words, is_plain, mark_row, plain_excluded = walk.clear_words, walk.is_plain, walk.mark_row, walk.plain_excluded
 put_decision, take_move, take_plain = walk.put_decision, walk.take_move, walk.take_plain
 lse_merge, no_stats, put_stats = walk.lse_merge, walk.no_stats, walk.put_stats
 
@@ -199,22 +199,10 @@ def _fill_row(trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, all
     row = rows[i]
     if row < 0:
         return
-    running = table[row, STATUS] == RUNNING
-    plain = running and is_plain(table, row)
-    fill = -1 if plain else 0
-    for word in range(lane, bitmask.shape[1], cuda.blockDim.x):
-        bitmask[i, word] = fill
+    clear_words(row, i, lane, cuda.blockDim.x, table, bitmask)
     cuda.syncthreads()
     if lane == 0:
-        if plain:
-            if table[row, walk.CONSTRAINED] != 0:
-                bitmask[i, eos_id >> 5] &= ~(np.int32(1) << np.int32(eos_id & 31))
-            return
-        if running and mark_legal(row, i, trie, n_tools, eos_id, table, counts, allowed, bitmask) == 0:
-            table[row, STATUS] = walk.ERROR
-            running = False
-        if not running:
-            or_bits(bitmask, i, eos_id)
+        mark_row(row, i, trie, n_tools, eos_id, table, counts, allowed, bitmask)
 
 
 @cuda.jit

@@ -536,21 +536,35 @@ def fill_rows(trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, all
     stop once it is done or failed (an engine pads finished rows with it; a failed answer ends). A running row with
     nothing legal enters the error state (and gets only stop)."""
     for i in range(rows.shape[0]):
-        row = rows[i]
-        if row < 0:
-            continue
-        status, plain = table[row, STATUS], is_plain(table, row)
-        if status == RUNNING and plain:
-            bitmask[i, :] = -1
-            if table[row, CONSTRAINED] != 0:
-                bitmask[i, eos_id >> 5] &= ~(np.int32(1) << np.int32(eos_id & 31))
-            continue
-        bitmask[i, :] = 0
-        if status == RUNNING and mark_legal(row, i, trie, n_tools, eos_id, table, counts, allowed, bitmask) == 0:
-            table[row, STATUS] = ERROR
-            status = ERROR
-        if status != RUNNING:
-            or_bits(bitmask, i, eos_id)
+        if rows[i] >= 0:
+            clear_words(rows[i], i, 0, 1, table, bitmask)
+            mark_row(rows[i], i, trie, n_tools, eos_id, table, counts, allowed, bitmask)
+
+
+@_jit
+def clear_words(row: int, i: int, lane: int, stride: int, table: Any, bitmask: Any) -> None:
+    """This lane's share of ``bitmask[i]``'s words, set to where :func:`mark_row` starts: every token for a running
+    row without a grammar or still thinking, none otherwise."""
+    fill = -1 if table[row, STATUS] == RUNNING and is_plain(table, row) else 0
+    for word in range(lane, bitmask.shape[1], stride):
+        bitmask[i, word] = fill
+
+
+@_jit
+def mark_row(row: int, i: int, trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any,
+             bitmask: Any) -> None:
+    """After :func:`clear_words`: a thinking row loses the stop token (its answer is owed), a running constrained
+    row gets its legal tokens (none: the error state), a row that is done or failed gets the stop token alone."""
+    status = table[row, STATUS]
+    if status == RUNNING and is_plain(table, row):
+        if table[row, CONSTRAINED] != 0:
+            bitmask[i, eos_id >> 5] &= ~(np.int32(1) << np.int32(eos_id & 31))
+        return
+    if status == RUNNING and mark_legal(row, i, trie, n_tools, eos_id, table, counts, allowed, bitmask) == 0:
+        table[row, STATUS] = ERROR
+        status = ERROR
+    if status != RUNNING:
+        or_bits(bitmask, i, eos_id)
 
 
 @_entry
