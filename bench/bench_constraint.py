@@ -616,7 +616,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import xgrammar as xgr
 
     torch.set_num_threads(args.torch_threads)
-    began = clock()
+    began, load_at_start = clock(), list(os.getloadavg())
     tokenizer = TokenizerInfo.load(args.tokenizer)
     hf = hf_tokenizer(args.tokenizer, tokenizer.eos_token)
     xgr_info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=tokenizer.vocab_size,
@@ -650,6 +650,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "xgrammar_compile": "xgrammar_compile_s is null where the compiled grammar was read from a cache under build/ "
                             "(not measured here; see bench_compile.py)",
         "targets": TARGETS,
+        "load_average_at_start": load_at_start,  # 1, 5, 15 min; machine.load_average is taken when written
     }
     results = {"configs": configs, "targets": targets, "wall_s": clock() - began}
     path = write_results("constraint", settings=settings, results=results, out=args.out)
