@@ -11,7 +11,8 @@ TOKENIZER_FILE := $(if $(wildcard compiler/tokenizers/$(TOKENIZER)/tokenizer.jso
 REGISTRY_IS_ARTIFACT := $(filter %.safetensors,$(REGISTRY))
 ARTIFACT ?= $(if $(REGISTRY_IS_ARTIFACT),$(REGISTRY),build/$(basename $(notdir $(REGISTRY))).trie.safetensors)
 SEPARATOR ?=
-SEPARATOR_OPTION := $(if $(SEPARATOR),--separator '$(SEPARATOR)')
+# The option with its leading space, or nothing at all (the command reads the same without it).
+SEPARATOR_OPTION := $(if $(SEPARATOR), --separator '$(SEPARATOR)')
 COMPILER_SOURCES := $(wildcard compiler/*.py registry/*.py)
 
 .PHONY: install test lint compile-registry inspect model demo bench clean serve training-data eval-grammar eval test-vllm \
@@ -48,7 +49,7 @@ compile-registry: $(ARTIFACT)
 
 ifeq ($(REGISTRY_IS_ARTIFACT),)
 $(ARTIFACT): $(REGISTRY) $(TOKENIZER_FILE) $(COMPILER_SOURCES) | install
-	$(BIN)/tooltrie compile $(REGISTRY) --tokenizer $(TOKENIZER) $(SEPARATOR_OPTION) -o $@
+	$(BIN)/tooltrie compile $(REGISTRY) --tokenizer $(TOKENIZER)$(SEPARATOR_OPTION) -o $@
 endif
 
 # Training data and the evaluation grammar come from the artifact that serving uses, and depend on the registry
