@@ -130,10 +130,13 @@ class ReferenceBackend:
                 continue
             if not state.constrained[row] or state.thinking[row]:
                 excluded = self.eos_id if state.constrained[row] else -1
-                candidates = [(value(i, col), int(token)) for col, token in enumerate(vocab.output_to_full.tolist())
-                              if token != excluded]
-                token = _best(candidates)
-                _put_stats(out.stats, i, candidates)
+                if hidden is None:  # every column: vectorised (the values are the logits, no sums to order)
+                    token = _plain_choice(scores[i], vocab, excluded, out.stats, i)
+                else:
+                    candidates = [(value(i, col), int(t)) for col, t in enumerate(vocab.output_to_full.tolist())
+                                  if t != excluded]
+                    token = _best(candidates)
+                    _put_stats(out.stats, i, candidates)
                 out.chosen[i] = token
                 self._take_plain(state, row, token)
             else:
@@ -158,6 +161,25 @@ def _value(logit: float) -> float:
 def _best(candidates: list[tuple[float, int]]) -> int:
     """The highest value, then the lowest token id; -1 without candidates."""
     return -max((v, -t) for v, t in candidates)[1] if candidates else -1
+
+
+def _plain_choice(logits: npt.NDArray[Any], vocab: VocabMap, excluded: int, stats: Any, i: int) -> int:
+    """Argmax over every output column but ``excluded`` (by full token id on ties; NaN as -inf), and its
+    statistics, as ``_best`` and ``_put_stats`` would give them; -1 when every column is excluded."""
+    keep = vocab.output_to_full != excluded
+    values = np.where(np.isnan(logits), -np.inf, logits).astype(np.float64)[keep]
+    tokens = vocab.output_to_full[keep]
+    if not len(values):
+        _put_stats(stats, i, [])
+        return -1
+    best = values.max()
+    token = int(tokens[values == best].min())
+    if stats.shape[0]:
+        runner_up = np.partition(values, -2)[-2] if len(values) > 1 else -math.inf
+        finite = values[values != -np.inf]
+        total = best + math.log(float(np.exp(finite - best).sum())) if len(finite) else -math.inf
+        stats[i] = (best, runner_up, total)
+    return token
 
 
 def _put_stats(stats: Any, i: int, candidates: list[tuple[float, int]], *, nan: bool = False) -> None:
