@@ -22,6 +22,7 @@ consumer's logits rows need not be the state's rows (vLLM's V2 runner maps them 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -202,11 +203,11 @@ class TrieBatch:
         if isinstance(tokens, np.ndarray):
             wide = np.asarray(tokens, dtype=np.int64).reshape(len(tokens), -1)
             lengths = np.full(len(wide), wide.shape[1], dtype=np.int32)
-        else:
-            lengths = np.fromiter((len(t) for t in tokens), dtype=np.int32, count=len(tokens))
+        else:  # ragged: one flat array, scattered into the rows' places (no Python loop over rows)
+            lengths = np.fromiter(map(len, tokens), dtype=np.int32, count=len(tokens))
+            flat = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int64, count=int(lengths.sum()))
             wide = np.zeros((len(tokens), int(lengths.max(initial=0))), dtype=np.int64)
-            for i, row_tokens in enumerate(tokens):
-                wide[i, : lengths[i]] = row_tokens
+            wide[np.arange(wide.shape[1]) < lengths[:, None]] = flat
         ids = np.where((wide < 0) | (wide > _INT32_MAX), -1, wide).astype(np.int32)  # no token: illegal anywhere
         self.backend.accept(self.state, self._rows(rows, len(ids)), ids, lengths)
 
