@@ -40,12 +40,14 @@ class CpuBackend:
 
     name = "cpu"
 
-    def __init__(self, artifact: Artifact, *, reasoning_end_id: int | None = None) -> None:
+    def __init__(self, artifact: Artifact, *, reasoning_end_id: int | None = None, cached_min_edges: int = 16) -> None:
+        """``cached_min_edges``: nodes with at least this many edges fill from a precomputed mask (``node_masks``)."""
         trie = artifact.trie
         self.artifact = artifact
         self.trie = tuple(np.ascontiguousarray(getattr(trie, name)) for name in TRIE_FIELDS)
         self.n_tools, self.eos_id = trie.n_tools, artifact.eos_id
         self.reasoning_end_id = -1 if reasoning_end_id is None else reasoning_end_id
+        self.node_words, self.node_cached = node_masks(artifact, min_edges=cached_min_edges)
 
     # The state lives on the host: nothing to copy either way.
     def sync(self, state: BatchState, rows: Any) -> None:
@@ -71,7 +73,8 @@ class CpuBackend:
                     out.n_forced)
 
     def fill_bitmask(self, state: BatchState, rows: npt.NDArray[np.int32], bitmask: npt.NDArray[np.int32]) -> None:
-        fill_rows(self.trie, self.n_tools, self.eos_id, state.table, state.counts, state.allowed, rows, bitmask)
+        fill_rows(self.trie, self.n_tools, self.eos_id, state.table, state.counts, state.allowed, rows, bitmask,
+                  self.node_words, self.node_cached)
 
     def mask_logits_(self, state: BatchState, rows: npt.NDArray[np.int32], logits: Any, bitmask: Any) -> None:
         self.fill_bitmask(state, rows, bitmask)
@@ -92,6 +95,26 @@ class CpuBackend:
         choose_rows(self.trie, self.n_tools, self.eos_id, self.reasoning_end_id, state.table, state.counts,
                     state.allowed, rows, scores, hidden, n_cols, vocab.full_to_output, vocab.output_to_full,
                     out.chosen, out.stats, out.decision, out.forced, out.n_forced)
+
+
+def node_masks(artifact: Artifact, *, min_edges: int = 16, budget_bytes: int = 8 << 20
+               ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """The nodes with at least ``min_edges`` edges (the roots of a large registry and its widest prefixes; widest
+    first, within ``budget_bytes``), each as a bitmask row of its edge tokens, and the row of each node (-1: none).
+    A fill copies a row and corrects the few edges the used tools close, instead of walking hundreds of edges
+    (``walk.mark_node``)."""
+    trie = artifact.trie
+    degree = np.diff(trie.node_edge_start)
+    n_words = (artifact.max_token_id + 32) // 32
+    wide = [int(node) for node in np.argsort(-degree, kind="stable") if degree[node] >= min_edges]
+    wide = wide[: budget_bytes // (4 * n_words)]
+    words = np.zeros((len(wide), n_words), dtype=np.int32)
+    cached = np.full(trie.n_nodes, -1, dtype=np.int32)
+    for index, node in enumerate(wide):
+        tokens = trie.edge_token[trie.node_edge_start[node] : trie.node_edge_start[node + 1]].astype(np.int64)
+        np.bitwise_or.at(words[index].view(np.uint32), tokens >> 5, np.uint32(1) << (tokens & 31).astype(np.uint32))
+        cached[node] = index
+    return words, cached
 
 
 def logits_bits(logits: Any) -> tuple[npt.NDArray[Any], int]:

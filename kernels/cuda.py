@@ -202,7 +202,7 @@ def _fill_row(trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, all
     clear_words(row, i, lane, cuda.blockDim.x, table, bitmask)
     cuda.syncthreads()
     if lane == 0:
-        mark_row(row, i, trie, n_tools, eos_id, table, counts, allowed, bitmask)
+        mark_row(row, i, trie, n_tools, eos_id, table, counts, allowed, bitmask, bitmask[:0], rows[:0])  # edges walked
 
 
 @cuda.jit

@@ -343,21 +343,76 @@ def only_move(row: int, trie: Any, n_tools: int, eos_id: int, table: Any, counts
 
 @_jit
 def mark_legal(row: int, srow: int, trie: Any, n_tools: int, eos_id: int, table: Any,
-               counts: Any, allowed: Any, bitmask: Any) -> int:
-    """Set the bits of the row's legal tokens in ``bitmask[srow]`` (already cleared); returns how many."""
+               counts: Any, allowed: Any, bitmask: Any, node_words: Any, node_cached: Any) -> int:
+    """Set the bits of the row's legal tokens in ``bitmask[srow]`` (already cleared); returns how many. A node with
+    many edges (a root: the first token of a name, a hop; hundreds of edges in a large registry) comes from its
+    precomputed bitmask, ``node_words[node_cached[node]]``, when ``node_cached`` has entries and the row has no
+    subset (:func:`mark_node`); other nodes walk their edges."""
     fr = frame(row, trie, table, allowed)
     n = 0
     if fr[7]:
         or_bits(bitmask, srow, eos_id)
         n += 1
+    first, last = 0, n_candidates(fr)
+    if node_cached.shape[0] > 0 and counts.shape[0] == 0:
+        node = table[row, NODE]
+        if node_cached[node] >= 0:
+            n += mark_node(row, srow, trie, n_tools, table, node_words[node_cached[node]], node, fr[0],
+                           table[row, DEPTH], -1, bitmask)
+            first = fr[2]
+        root = trie[5][fr[3]]
+        if fr[5] > 0 and node_cached[root] >= 0:
+            n += mark_node(row, srow, trie, n_tools, table, node_words[node_cached[root]], root, fr[3], 0, fr[6],
+                           bitmask)
+            last = fr[2]
     crossing_edge, crossing_times = -1, 0
-    for i in range(n_candidates(fr)):
+    for i in range(first, last):
         edge, _, count, crossing_edge, crossing_times = open_edge(i, 1, row, fr, trie, n_tools, table, counts,
                                                                   crossing_edge, crossing_times)
         if count > 0:
             or_bits(bitmask, srow, trie[1][edge])
             n += 1
     return n
+
+
+@_jit
+def mark_node(row: int, srow: int, trie: Any, n_tools: int, table: Any, words: Any, node: int, trie_index: int,
+              depth: int, extra_tool: int, bitmask: Any) -> int:
+    """OR ``words`` (every edge token of ``node``, at ``depth`` of trie ``trie_index``) into ``bitmask[srow]``, then
+    clear the tokens of the node's edges whose every tool is used (or is ``extra_tool``, unless -1): only the at
+    most k edges the used tools cross at this depth can close. Returns how many of the node's tokens stay."""
+    lo, hi = trie[0][node], trie[0][node + 1]
+    n = hi - lo
+    for word in range(min(words.shape[0], bitmask.shape[1])):
+        bitmask[srow, word] |= words[word]
+    if not NO_REPEAT:
+        return n
+    emitted = table[row, EMITTED]
+    n_used = emitted + (1 if extra_tool >= 0 else 0)
+    for j in range(n_used):
+        edge = crossed_edge(table, row, j, emitted, extra_tool, trie_index, depth, n_tools, trie)
+        if not lo <= edge < hi:
+            continue
+        times, seen_before = 0, False
+        for other in range(n_used):  # how many used tools cross it; counted once, at the first of them
+            if crossed_edge(table, row, other, emitted, extra_tool, trie_index, depth, n_tools, trie) == edge:
+                times += 1
+                seen_before = seen_before or other < j
+        if not seen_before and trie[3][edge] - times <= 0:
+            token = trie[1][edge]
+            bitmask[srow, token >> 5] &= ~(np.int32(1) << np.int32(token & 31))
+            n -= 1
+    return n
+
+
+@_jit
+def crossed_edge(table: Any, row: int, j: int, emitted: int, extra_tool: int, trie_index: int, depth: int,
+                 n_tools: int, trie: Any) -> int:
+    """The edge at ``depth`` of trie ``trie_index`` on used tool ``j``'s path (``extra_tool`` for j == emitted);
+    -1 when the path is shorter."""
+    used = table[row, USED + j] if j < emitted else extra_tool
+    start = trie[7][trie_index * n_tools + used]
+    return trie[8][start + depth] if trie[7][trie_index * n_tools + used + 1] - start > depth else -1
 
 
 @_jit
@@ -530,7 +585,7 @@ def forced_rows(trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, a
 
 @_entry
 def fill_rows(trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any, rows: Any,
-              bitmask: Any) -> None:
+              bitmask: Any, node_words: Any, node_cached: Any) -> None:
     """Row ``i`` of the int32 ``bitmask`` gets the legal next tokens of state row ``rows[i]`` (-1: left as it is):
     the trie's legal tokens while it runs; every token but stop while it thinks; every token without a grammar; only
     stop once it is done or failed (an engine pads finished rows with it; a failed answer ends). A running row with
@@ -538,7 +593,7 @@ def fill_rows(trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, all
     for i in range(rows.shape[0]):
         if rows[i] >= 0:
             clear_words(rows[i], i, 0, 1, table, bitmask)
-            mark_row(rows[i], i, trie, n_tools, eos_id, table, counts, allowed, bitmask)
+            mark_row(rows[i], i, trie, n_tools, eos_id, table, counts, allowed, bitmask, node_words, node_cached)
 
 
 @_jit
@@ -552,7 +607,7 @@ def clear_words(row: int, i: int, lane: int, stride: int, table: Any, bitmask: A
 
 @_jit
 def mark_row(row: int, i: int, trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any,
-             bitmask: Any) -> None:
+             bitmask: Any, node_words: Any, node_cached: Any) -> None:
     """After :func:`clear_words`: a thinking row loses the stop token (its answer is owed), a running constrained
     row gets its legal tokens (none: the error state), a row that is done or failed gets the stop token alone."""
     status = table[row, STATUS]
@@ -560,7 +615,8 @@ def mark_row(row: int, i: int, trie: Any, n_tools: int, eos_id: int, table: Any,
         if table[row, CONSTRAINED] != 0:
             bitmask[i, eos_id >> 5] &= ~(np.int32(1) << np.int32(eos_id & 31))
         return
-    if status == RUNNING and mark_legal(row, i, trie, n_tools, eos_id, table, counts, allowed, bitmask) == 0:
+    if status == RUNNING and mark_legal(row, i, trie, n_tools, eos_id, table, counts, allowed, bitmask,
+                                        node_words, node_cached) == 0:
         table[row, STATUS] = ERROR
         status = ERROR
     if status != RUNNING:

@@ -80,7 +80,10 @@ class BatchMachine(RuleBasedStateMachine):
         self.artifact = self.artifacts[which]
         self.eos = self.artifact.eos_id
         self.vocab = self.artifact.max_token_id + 1
-        self.batches = {name: TrieBatch(self.artifact, backend=name, capacity=2, reasoning_end_id=MARKER)
+        # "cpu, every node cached": every node's mask precomputed (walk.mark_node), not only the wide ones
+        options = {"cpu, every node cached": ("cpu", {"cached_min_edges": 1})}
+        self.batches = {name: TrieBatch(self.artifact, backend=options.get(name, (name, {}))[0], capacity=2,
+                                        reasoning_end_id=MARKER, **options.get(name, (name, {}))[1])
                         for name in self.backends}
         self.rows: dict[int, Row] = {}
         self.saved: dict[int, tuple[Row, dict[str, Any]]] = {}
@@ -293,7 +296,7 @@ class BatchMachine(RuleBasedStateMachine):
                     assert (got.allowed or whole) == (expected.slot.allowed or whole), (name, row)
 
 
-@pytest.mark.parametrize("backends", [("reference", "cpu")])
+@pytest.mark.parametrize("backends", [("reference", "cpu", "cpu, every node cached")])
 def test_batch_state_machine_host_backends(artifacts: list[Artifact], backends: tuple[str, ...]) -> None:
     machine = type("HostBatchMachine", (BatchMachine,), {"backends": backends, "artifacts": artifacts})
     run_state_machine_as_test(machine, settings=settings(max_examples=40, stateful_step_count=25, deadline=None,
