@@ -306,19 +306,46 @@ def best_move(row: int, srow: int, lane: int, stride: int, trie: Any, n_tools: i
 @_jit
 def find_move(row: int, token: int, trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any
               ) -> tuple[int, int]:
-    """Where ``token`` leads from a running constrained row: (kind, edge); kind -1 when it is not legal."""
+    """Where ``token`` leads from a running constrained row: (kind, edge); kind -1 when it is not legal. A node's
+    edges are sorted by token (``docs/trie.md``), so each part is one binary search and one count: O(log edges + k),
+    however wide the node."""
     fr = frame(row, trie, table, allowed)
     if token == eos_id and fr[7]:
         return MOVE_STOP, -1
-    crossing_edge, crossing_times = -1, 0
-    for i in range(n_candidates(fr)):
-        if i < fr[2] and trie[1][fr[1] + i] != token:
-            continue  # not this token: no need to count its tools (the hop's edges are counted in order)
-        edge, kind, count, crossing_edge, crossing_times = open_edge(i, 1, row, fr, trie, n_tools, table, counts,
-                                                                     crossing_edge, crossing_times)
-        if count > 0 and trie[1][edge] == token:
-            return kind, edge
+    edge = edge_with_token(trie[1], fr[1], fr[1] + fr[2], token)
+    if edge >= 0 and edge_count(row, edge, fr[0], table[row, DEPTH], -1, trie, n_tools, table, counts) > 0:
+        return MOVE_EDGE, edge
+    edge = edge_with_token(trie[1], fr[4], fr[4] + fr[5], token)
+    if edge >= 0 and edge_count(row, edge, fr[3], 0, fr[6], trie, n_tools, table, counts) > 0:
+        return MOVE_HOP, edge
     return -1, -1
+
+
+@_jit
+def edge_with_token(edge_token: Any, lo: int, hi: int, token: int) -> int:
+    """The edge in ``lo .. hi - 1`` (sorted by token) whose token is ``token``; -1 when none is."""
+    end = hi
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if edge_token[mid] < token:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo if lo < end and edge_token[lo] == token else -1
+
+
+@_jit
+def edge_count(row: int, edge: int, trie_index: int, depth: int, extra_tool: int, trie: Any, n_tools: int,
+               table: Any, counts: Any) -> int:
+    """The unused allowed tools below one edge at ``depth`` of trie ``trie_index``: its compiled (or the row's
+    subset) count minus the used tools (and ``extra_tool``, unless -1) whose path crosses it."""
+    count = counts[row, edge] if counts.shape[0] > 0 else trie[3][edge]
+    if NO_REPEAT:
+        emitted = table[row, EMITTED]
+        for j in range(emitted + (1 if extra_tool >= 0 else 0)):
+            if crossed_edge(table, row, j, emitted, extra_tool, trie_index, depth, n_tools, trie) == edge:
+                count -= 1
+    return count
 
 
 @_jit

@@ -59,7 +59,9 @@ class Row:
 def _registries(tokenizer: TokenizerInfo) -> list[Artifact]:
     rng = random.Random(19)
     artifacts = []
-    for i, separator in enumerate([", ", "\n", " | "]):
+    # " ": the next name's first token absorbs the separator, so a hop's edges are the names' own (a used tool can
+    # close one); with the others a hop's edge is the separator's token, shared by every name.
+    for i, separator in enumerate([", ", "\n", " | ", " "]):
         names = rng.sample(POOL, rng.randint(4, len(POOL)))
         artifacts.append(compile_registry(make_registry([{"name": n} for n in names], name=f"random{i}"), tokenizer,
                                           Contract(separator=separator)))
@@ -75,11 +77,12 @@ class BatchMachine(RuleBasedStateMachine):
     backends: tuple[str, ...] = ()
     artifacts: ClassVar[list[Artifact]] = []
 
-    @initialize(which=st.integers(0, 2))
+    @initialize(which=st.integers(0, 3))
     def start(self, which: int) -> None:
         self.artifact = self.artifacts[which]
         self.eos = self.artifact.eos_id
         self.vocab = self.artifact.max_token_id + 1
+        self.trie_tokens = sorted(set(self.artifact.trie.edge_token.tolist()))
         # "cpu, every node cached": every node's mask precomputed (walk.mark_node), not only the wide ones
         options = {"cpu, every node cached": ("cpu", {"cached_min_edges": 1})}
         self.batches = {name: TrieBatch(self.artifact, backend=options.get(name, (name, {}))[0], capacity=2,
@@ -180,9 +183,9 @@ class BatchMachine(RuleBasedStateMachine):
         for row in rows:
             legal = self._legal(self.rows[row])
             choices = st.sampled_from(legal) if legal else st.integers(0, self.vocab - 1)
-            how = data.draw(st.sampled_from(["legal", "legal", "legal", "any", "stop", "marker"]))
-            token = {"legal": choices, "any": st.integers(-1, self.vocab + 5), "stop": st.just(self.eos),
-                     "marker": st.just(MARKER)}[how]
+            how = data.draw(st.sampled_from(["legal", "legal", "legal", "trie", "any", "stop", "marker"]))
+            token = {"legal": choices, "trie": st.sampled_from(self.trie_tokens),  # often legal elsewhere, not here
+                     "any": st.integers(-1, self.vocab + 5), "stop": st.just(self.eos), "marker": st.just(MARKER)}[how]
             run = data.draw(st.lists(token, min_size=0, max_size=2))
             tokens.append(run)
             for t in run:
@@ -313,3 +316,25 @@ def test_batch_state_machine_cuda_backend(artifacts: list[Artifact]) -> None:
 
 def test_the_status_values_are_the_oracles() -> None:
     assert (RUNNING, DONE, ERROR) == (Status.RUNNING, Status.DONE, Status.ERROR)
+
+
+def test_every_pair_is_accepted_once_and_refused_as_a_repeat_where_the_rules_refuse_it(
+        artifacts: list[Artifact]) -> None:
+    """Accepting the canonical tokens of every answer [a, b], side by side in one batch, one accept call per token
+    position: the compiled walk's rows fail at the very token where the readable rules (the reference backend) fail
+    them, and end done when a != b, in the error state when a == b."""
+    for artifact in artifacts:
+        names = artifact.registry.names
+        pairs = [(a, b) for a in names for b in names]
+        streams = [[*artifact.token_path([a, b]), artifact.eos_id] for a, b in pairs]
+        batches = {name: TrieBatch(artifact, backend=name, capacity=len(pairs)) for name in ("reference", "cpu")}
+        for batch in batches.values():
+            for row in range(len(pairs)):
+                batch.add(row, 2)
+        for position in range(max(map(len, streams))):
+            for batch in batches.values():
+                batch.accept([stream[position : position + 1] for stream in streams])
+            np.testing.assert_array_equal(batches["cpu"].fetch().table, batches["reference"].fetch().table)
+        status = batches["cpu"].fetch().status
+        for row, (a, b) in enumerate(pairs):
+            assert int(status[row]) == (ERROR if a == b else DONE), (artifact.registry.name, a, b)
