@@ -164,15 +164,17 @@ def arm_trie_batch(setup: Setup, backend: str, batch: int, steps: int, *, mask: 
     each step goes to ``accepts``."""
     bitmask = np.empty(get_bitmask_shape(batch, setup.vocab), dtype=np.int32)
     logits = setup.logits[:batch]
-    plan = [(setup.rows.tokens(t, batch), setup.rows.resets(t, batch)) for t in range(steps)]
+    # Each step's tokens as an engine holds them after sampling: an int32 array, and how many each row takes (a row
+    # reset before the step takes none).
+    plan = [(*token_array(setup.rows.tokens(t, batch)), setup.rows.resets(t, batch)) for t in range(steps)]
 
     def run() -> None:
         state = new_batch(setup, backend, batch)
         times, accepted = [], []
-        for tokens, resets in plan:
+        for tokens, lengths, resets in plan:
             reset_rows(state, setup, resets)
             began = clock()
-            state.accept(tokens)
+            state.accept(tokens, lengths=lengths)
             middle = clock()
             if mask:
                 state.mask_logits_(logits)
@@ -183,6 +185,15 @@ def arm_trie_batch(setup: Setup, backend: str, batch: int, steps: int, *, mask: 
         out.append(times)
         accepts.append(accepted)
     return run
+
+
+def token_array(tokens: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged per-row tokens as an int32 array ``[B, T]`` and each row's count."""
+    lengths = np.array([len(row) for row in tokens], dtype=np.int32)
+    array = np.zeros((len(tokens), max(1, int(lengths.max(initial=0)))), dtype=np.int32)
+    for i, row in enumerate(tokens):
+        array[i, : len(row)] = row
+    return array, lengths
 
 
 def arm_floor(setup: Setup, batch: int, steps: int, out: list[list[float]]) -> Arm:

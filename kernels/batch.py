@@ -196,20 +196,24 @@ class TrieBatch:
 
     # -- the operations, one call each for the whole batch --------------------------------------------------------
 
-    def accept(self, tokens: Sequence[Sequence[int]] | npt.NDArray[np.integer], rows: Rows = None) -> None:
+    def accept(self, tokens: Sequence[Sequence[int]] | npt.NDArray[np.integer], rows: Rows = None, *,
+               lengths: npt.NDArray[np.integer] | None = None) -> None:
         """Advance each row by tokens chosen elsewhere: ``tokens[i]`` for state row ``rows[i]`` (a ragged list of
-        lists, or an int array ``[n, T]`` where every row takes all T). An illegal token puts that row in the error
-        state (fail loudly); nothing raises for one bad row."""
+        lists, or an int array ``[n, T]`` of which row i takes the first ``lengths[i]``, default all T). An illegal
+        token puts that row in the error state (fail loudly); nothing raises for one bad row."""
         if isinstance(tokens, np.ndarray):
-            wide = np.asarray(tokens, dtype=np.int64).reshape(len(tokens), -1)
-            lengths = np.full(len(wide), wide.shape[1], dtype=np.int32)
+            ids = tokens if tokens.dtype == np.int32 and tokens.ndim == 2 else _int32_ids(tokens.reshape(len(tokens),
+                                                                                                       -1))
+            counts = np.full(len(ids), ids.shape[1], np.int32) if lengths is None else np.asarray(lengths, np.int32)
+            if counts.shape != (len(ids),) or (len(counts) and not 0 <= counts.min() <= counts.max() <= ids.shape[1]):
+                raise DecodeError(f"lengths {counts.tolist()} do not fit tokens of shape {tuple(ids.shape)}")
         else:  # ragged: one flat array, scattered into the rows' places (no Python loop over rows)
-            lengths = np.fromiter(map(len, tokens), dtype=np.int32, count=len(tokens))
-            flat = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int64, count=int(lengths.sum()))
-            wide = np.zeros((len(tokens), int(lengths.max(initial=0))), dtype=np.int64)
-            wide[np.arange(wide.shape[1]) < lengths[:, None]] = flat
-        ids = np.where((wide < 0) | (wide > _INT32_MAX), -1, wide).astype(np.int32)  # no token: illegal anywhere
-        self.backend.accept(self.state, self._rows(rows, len(ids)), ids, lengths)
+            counts = np.fromiter(map(len, tokens), dtype=np.int32, count=len(tokens))
+            flat = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int64, count=int(counts.sum()))
+            wide = np.zeros((len(tokens), int(counts.max(initial=0))), dtype=np.int64)
+            wide[np.arange(wide.shape[1]) < counts[:, None]] = flat
+            ids = _int32_ids(wide)
+        self.backend.accept(self.state, self._rows(rows, len(ids)), np.ascontiguousarray(ids), counts)
 
     def fill_bitmask(self, bitmask: Any, rows: Rows = None) -> None:
         """Row i of an int32 bitmask ``[n, ceil(V/32)]`` (XGrammar's layout) gets state row ``rows[i]``'s legal
@@ -287,6 +291,13 @@ class TrieBatch:
         if width <= self.artifact.max_token_id:
             raise DecodeError(f"{width} columns, but the grammar uses token {self.artifact.max_token_id}: the mask "
                               "must span the tokenizer's vocabulary")
+
+
+def _int32_ids(tokens: npt.NDArray[np.integer]) -> npt.NDArray[np.int32]:
+    """Token ids as int32; one that is no token (negative, or past int32) becomes -1: illegal anywhere."""
+    wide = tokens.astype(np.int64)
+    ids: npt.NDArray[np.int32] = np.where((wide < 0) | (wide > _INT32_MAX), -1, wide).astype(np.int32)
+    return ids
 
 
 def _host(array: Any) -> Any:

@@ -32,6 +32,7 @@ from hypothesis.stateful import (
 from numba import config, cuda
 
 from tooltrie.compiler import Artifact, Contract, TokenizerInfo, compile_registry
+from tooltrie.errors import DecodeError
 from tooltrie.kernels import TrieBatch
 from tooltrie.kernels.bitmask import allocate_token_bitmask, allowed_tokens
 from tooltrie.kernels.rules import Slot, Status, advance, fail, legal_moves
@@ -338,3 +339,26 @@ def test_every_pair_is_accepted_once_and_refused_as_a_repeat_where_the_rules_ref
         status = batches["cpu"].fetch().status
         for row, (a, b) in enumerate(pairs):
             assert int(status[row]) == (ERROR if a == b else DONE), (artifact.registry.name, a, b)
+
+
+def test_accept_takes_ragged_lists_and_arrays_with_lengths_alike(artifacts: list[Artifact]) -> None:
+    """The two forms of ``accept``'s tokens give the same states; bad lengths are refused before any row moves."""
+    artifact = artifacts[0]
+    rng = random.Random(3)
+    streams = []
+    for _ in range(5):
+        names = rng.sample(artifact.registry.names, 2)
+        streams.append([*artifact.token_path(names), artifact.eos_id])
+    ragged = [stream[: rng.randint(0, 4)] for stream in streams]
+    lists, arrays = TrieBatch(artifact, capacity=5), TrieBatch(artifact, capacity=5)
+    for batch in (lists, arrays):
+        for row in range(5):
+            batch.add(row, 2)
+    array = np.full((5, 4), 7, dtype=np.int32)  # 7: padding past each row's length, never read
+    for i, tokens in enumerate(ragged):
+        array[i, : len(tokens)] = tokens
+    lists.accept(ragged)
+    arrays.accept(array, lengths=np.array([len(t) for t in ragged]))
+    np.testing.assert_array_equal(lists.state.table, arrays.state.table)
+    with pytest.raises(DecodeError, match="lengths"):
+        arrays.accept(array, lengths=np.array([5, 0, 0, 0, 0]))
