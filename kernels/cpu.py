@@ -35,21 +35,9 @@ class Outputs:
         self.chosen, self.stats, self.decision, self.forced, self.n_forced = chosen, stats, decision, forced, n_forced
 
 
-class CpuBackend:
-    """Every operation of ``kernels/batch.py``'s backend protocol, compiled for the CPU."""
+class HostState:
+    """A backend whose state is the host's ``BatchState`` itself: nothing to copy either way; outputs are NumPy."""
 
-    name = "cpu"
-
-    def __init__(self, artifact: Artifact, *, reasoning_end_id: int | None = None, cached_min_edges: int = 16) -> None:
-        """``cached_min_edges``: nodes with at least this many edges fill from a precomputed mask (``node_masks``)."""
-        trie = artifact.trie
-        self.artifact = artifact
-        self.trie = tuple(np.ascontiguousarray(getattr(trie, name)) for name in TRIE_FIELDS)
-        self.n_tools, self.eos_id = trie.n_tools, artifact.eos_id
-        self.reasoning_end_id = -1 if reasoning_end_id is None else reasoning_end_id
-        self.node_words, self.node_cached = node_masks(artifact, min_edges=cached_min_edges)
-
-    # The state lives on the host: nothing to copy either way.
     def sync(self, state: BatchState, rows: Any) -> None:
         pass
 
@@ -62,6 +50,21 @@ class CpuBackend:
     def outputs(self, n_rows: int, *, forced_width: int) -> Outputs:
         return Outputs(np.empty(n_rows, np.int32), np.empty((n_rows, 3)), np.empty((n_rows, 3), np.int32),
                        np.empty((n_rows, forced_width), np.int32), np.empty(n_rows, np.int32))
+
+
+class CpuBackend(HostState):
+    """Every operation of ``kernels/batch.py``'s backend protocol, compiled for the CPU."""
+
+    name = "cpu"
+
+    def __init__(self, artifact: Artifact, *, reasoning_end_id: int | None = None, cached_min_edges: int = 16) -> None:
+        """``cached_min_edges``: nodes with at least this many edges fill from a precomputed mask (``node_masks``)."""
+        trie = artifact.trie
+        self.artifact = artifact
+        self.trie = tuple(np.ascontiguousarray(getattr(trie, name)) for name in TRIE_FIELDS)
+        self.n_tools, self.eos_id = trie.n_tools, artifact.eos_id
+        self.reasoning_end_id = -1 if reasoning_end_id is None else reasoning_end_id
+        self.node_words, self.node_cached = node_masks(artifact, min_edges=cached_min_edges)
 
     def accept(self, state: BatchState, rows: npt.NDArray[np.int32], tokens: npt.NDArray[np.int32],
                n_tokens: npt.NDArray[np.int32]) -> None:

@@ -39,8 +39,8 @@ from tooltrie.kernels.vocab import VocabMap, check_step_inputs
 
 if config.ENABLE_CUDASIM:  # the simulator runs Python: give it the walk as Python too
     walk = walk.python_twin()
-accept_token, beats, best_move, best_plain, follow_forced = (
-    walk.accept_token, walk.beats, walk.best_move, walk.best_plain, walk.follow_forced)
+accept_token, beats, best_move, best_plain, choose_row, follow_forced = (
+    walk.accept_token, walk.beats, walk.best_move, walk.best_plain, walk.choose_row, walk.follow_forced)
 clear_words, is_plain, mark_row, plain_excluded = walk.clear_words, walk.is_plain, walk.mark_row, walk.plain_excluded
 put_decision, take_move, take_plain = walk.put_decision, walk.take_move, walk.take_plain
 lse_merge, no_stats, put_stats = walk.lse_merge, walk.no_stats, walk.put_stats
@@ -141,31 +141,9 @@ def _thread_choice(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, 
                    allowed: Any, rows: Any, scores: Any, hidden: Any, n_cols: int, full_to_output: Any,
                    output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any) -> None:
     srow = cuda.grid(1)
-    if srow >= rows.shape[0]:
-        return
-    row = rows[srow]
-    chosen[srow] = -1
-    if n_forced.shape[0] > 0:
-        n_forced[srow] = 0
-    with_stats = stats.shape[0] > 0
-    if row < 0 or table[row, STATUS] != RUNNING:
-        no_stats(stats, srow)
-        return
-    if is_plain(table, row):
-        value, token, runner_up, lse_max, lse_sum = best_plain(
-            row, srow, 0, 1, n_cols, scores, hidden, output_to_full, plain_excluded(table, row, eos_id), with_stats)
-        put_stats(stats, srow, value, runner_up, lse_max, lse_sum)
-        chosen[srow] = token
-        take_plain(row, token, eos_id, reasoning_end_id, table)
-    else:
-        value, token, kind, edge, runner_up, lse_max, lse_sum, n_legal, n_continue = best_move(
-            row, srow, 0, 1, trie, n_tools, eos_id, table, counts, allowed, scores, hidden, full_to_output,
-            with_stats)
-        put_stats(stats, srow, value, runner_up, lse_max, lse_sum)
-        put_decision(decision, srow, table, row, n_legal, n_continue)
-        chosen[srow] = token
-        take_move(row, token, kind, edge, trie, table)
-    follow_forced(row, srow, trie, n_tools, eos_id, table, counts, allowed, forced, n_forced)
+    if srow < rows.shape[0]:
+        choose_row(rows[srow], srow, trie, n_tools, eos_id, reasoning_end_id, table, counts, allowed, scores, hidden,
+                   n_cols, full_to_output, output_to_full, chosen, stats, decision, forced, n_forced)
 
 
 _CHOICES = {"warp": _warp_choice, "thread": _thread_choice}

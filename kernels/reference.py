@@ -15,13 +15,13 @@ import numpy.typing as npt
 
 from tooltrie.compiler.artifact import Artifact
 from tooltrie.kernels.bitmask import apply_token_bitmask_inplace, set_allowed
-from tooltrie.kernels.cpu import Outputs, as_numpy_scores, check_stats, no_rows
+from tooltrie.kernels.cpu import HostState, Outputs, as_numpy_scores, check_stats, no_rows
 from tooltrie.kernels.rules import Move, Slot, Status, advance, fail, legal_moves
 from tooltrie.kernels.state import DONE, ERROR, RUNNING, BatchState
 from tooltrie.kernels.vocab import VocabMap, check_step_inputs
 
 
-class ReferenceBackend:
+class ReferenceBackend(HostState):
     """The backend protocol (``kernels/batch.py``) row by row over readable ``Slot``s."""
 
     name = "reference"
@@ -29,19 +29,6 @@ class ReferenceBackend:
     def __init__(self, artifact: Artifact, *, reasoning_end_id: int | None = None) -> None:
         self.artifact, self.trie, self.eos_id = artifact, artifact.trie, artifact.eos_id
         self.reasoning_end_id = reasoning_end_id
-
-    def sync(self, state: BatchState, rows: Any) -> None:
-        pass
-
-    def fetch(self, state: BatchState) -> None:
-        pass
-
-    def bitmask(self, shape: tuple[int, int]) -> npt.NDArray[np.int32]:
-        return np.empty(shape, dtype=np.int32)
-
-    def outputs(self, n_rows: int, *, forced_width: int) -> Outputs:
-        return Outputs(np.empty(n_rows, np.int32), np.empty((n_rows, 3)), np.empty((n_rows, 3), np.int32),
-                       np.empty((n_rows, forced_width), np.int32), np.empty(n_rows, np.int32))
 
     def _moves(self, state: BatchState, row: int) -> tuple[Slot, dict[int, Move]]:
         slot = state.slot(row)

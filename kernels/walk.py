@@ -553,39 +553,47 @@ def put_decision(decision: Any, srow: int, table: Any, row: int, n_legal: int, n
         decision[srow, 2] = table[row, EMITTED] + (1 if n_continue == 0 else 0)
 
 
+@_jit
+def choose_row(row: int, srow: int, trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any,
+               counts: Any, allowed: Any, scores: Any, hidden: Any, n_cols: int, full_to_output: Any,
+               output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any) -> None:
+    """One row's whole choice by one lane: its best move (or plain argmax), then the moves the trie forces after
+    it; ``stats`` (:func:`put_stats`), ``decision`` (:func:`put_decision`) and ``forced`` are written when they have
+    rows. A row that is not running (or ``row`` -1) chooses nothing."""
+    chosen[srow] = -1
+    if n_forced.shape[0] > 0:
+        n_forced[srow] = 0
+    if row < 0 or table[row, STATUS] != RUNNING:
+        no_stats(stats, srow)
+        return
+    with_stats = stats.shape[0] > 0
+    if is_plain(table, row):
+        value, token, runner_up, lse_max, lse_sum = best_plain(
+            row, srow, 0, 1, n_cols, scores, hidden, output_to_full, plain_excluded(table, row, eos_id), with_stats)
+        put_stats(stats, srow, value, runner_up, lse_max, lse_sum)
+        chosen[srow] = token
+        take_plain(row, token, eos_id, reasoning_end_id, table)
+    else:
+        value, token, kind, edge, runner_up, lse_max, lse_sum, n_legal, n_continue = best_move(
+            row, srow, 0, 1, trie, n_tools, eos_id, table, counts, allowed, scores, hidden, full_to_output,
+            with_stats)
+        put_stats(stats, srow, value, runner_up, lse_max, lse_sum)
+        put_decision(decision, srow, table, row, n_legal, n_continue)
+        chosen[srow] = token
+        take_move(row, token, kind, edge, trie, table)
+    follow_forced(row, srow, trie, n_tools, eos_id, table, counts, allowed, forced, n_forced)
+
+
 # -- the CPU backend's batch loops (``kernels/cpu.py``); ``rows[i]`` is the state row of score row i, -1: none -----
 
 @_entry
 def choose_rows(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any,
                 allowed: Any, rows: Any, scores: Any, hidden: Any, n_cols: int, full_to_output: Any,
                 output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any) -> None:
-    """Each running row takes its best move (or plain argmax), then the moves the trie forces after it; ``stats``
-    (:func:`put_stats`), ``decision`` (:func:`put_decision`) and ``forced`` are written when they have rows."""
-    with_stats = stats.shape[0] > 0
+    """Each row's choice (:func:`choose_row`), one after another."""
     for srow in range(rows.shape[0]):
-        row = rows[srow]
-        chosen[srow] = -1
-        if n_forced.shape[0] > 0:
-            n_forced[srow] = 0
-        if row < 0 or table[row, STATUS] != RUNNING:
-            no_stats(stats, srow)
-            continue
-        if is_plain(table, row):
-            value, token, runner_up, lse_max, lse_sum = best_plain(
-                row, srow, 0, 1, n_cols, scores, hidden, output_to_full, plain_excluded(table, row, eos_id),
-                with_stats)
-            put_stats(stats, srow, value, runner_up, lse_max, lse_sum)
-            chosen[srow] = token
-            take_plain(row, token, eos_id, reasoning_end_id, table)
-        else:
-            value, token, kind, edge, runner_up, lse_max, lse_sum, n_legal, n_continue = best_move(
-                row, srow, 0, 1, trie, n_tools, eos_id, table, counts, allowed, scores, hidden, full_to_output,
-                with_stats)
-            put_stats(stats, srow, value, runner_up, lse_max, lse_sum)
-            put_decision(decision, srow, table, row, n_legal, n_continue)
-            chosen[srow] = token
-            take_move(row, token, kind, edge, trie, table)
-        follow_forced(row, srow, trie, n_tools, eos_id, table, counts, allowed, forced, n_forced)
+        choose_row(rows[srow], srow, trie, n_tools, eos_id, reasoning_end_id, table, counts, allowed, scores, hidden,
+                   n_cols, full_to_output, output_to_full, chosen, stats, decision, forced, n_forced)
 
 
 @_entry
