@@ -278,7 +278,9 @@ class Engine:
         if request.constrained:
             self.batch.add(row.cache_slot, request.k, thinking=request.reasoning, subset=allowed)
             if not request.reasoning:
-                self._take(row, [], self.batch.follow_forced([row.cache_slot])[0])
+                forced = self.batch.follow_forced([row.cache_slot])[0]
+                self.batch.fetch()
+                self._take(row, [], forced)
         if row.finish_reason is None:
             self.decoder.start(row.cache_slot, prefix, shared)
         else:  # forced from start to stop: the slot was never used
@@ -362,6 +364,7 @@ class Engine:
             hidden = hidden.float().cpu()
         choice = self.batch.choose_sparse(hidden.to(self._head.dtype) if self.head.is_cuda else hidden, self._head,
                                           [row.cache_slot for row in deciding])
+        self.batch.fetch()  # the rows' statuses, once for the batch (a device backend copies them back)
         for i, row in enumerate(deciding):
             n_legal, _, tool_index = choice.decision[i].tolist()
             if n_legal > 1:
@@ -379,6 +382,7 @@ class Engine:
         if row.thinking:  # a reasoning model thinks freely (the batch state keeps it from stopping before its answer)
             logits = (self.head @ hidden).float()[None]
             choice = self.batch.choose(logits if logits.is_cuda else logits.numpy(), [row.cache_slot])
+            self.batch.fetch()
             token = int(choice.chosen[0])
             row.thinking = token != self.reasoning_end_id
             if len(row.token_ids) + 1 >= row.request.max_new_tokens and row.thinking:
@@ -404,7 +408,7 @@ class Engine:
             row.finish_reason = "error"
             return
         row.pending += chosen + forced
-        status = self.batch.status(row.cache_slot)
+        status = self.batch.state.status[row.cache_slot]  # fetched by the caller after the batch's call
         if status == DONE:
             row.token_ids += row.pending
             row.pending, row.finish_reason = [], "stop"
@@ -415,7 +419,7 @@ class Engine:
         names = self.artifact.registry.names
         tools = []
         if row.request.constrained and row.finish_reason == "stop":
-            for rank, tool in enumerate(self.batch.tools(row.cache_slot)):
+            for rank, tool in enumerate(self.batch.state.tools(row.cache_slot)):  # fetched when its status was read
                 decisions = row.scores.get(rank, [])
                 tools.append(ToolChoice(
                     rank=rank + 1, name=names[tool], pointer=self.artifact.registry.tools[tool].pointer,
