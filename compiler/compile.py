@@ -15,7 +15,6 @@ import itertools
 from collections.abc import Sequence
 
 import numpy as np
-import numpy.typing as npt
 
 from tooltrie.compiler.artifact import Artifact, CompileStats
 from tooltrie.compiler.contract import Contract
@@ -31,6 +30,7 @@ from tooltrie.compiler.trie import (
     FlatPaths,
     Split,
     build_trie,
+    concat_ranges,
 )
 from tooltrie.errors import CompileError, RegistryError, TooltrieError
 from tooltrie.registry.model import Registry, Tool
@@ -277,14 +277,7 @@ def _mismatches(
     actual = encoder.encode([contract.separator.join(tool_names[a:b]) for a, b in itertools.pairwise(bounds)],
                             what="verifying")
     # The phase of every position: one table of paths, indexed by (distinct encoding, tool).
-    tables: list[FlatPaths] = []
-    table_of_phase = []
-    for phase in range(N_PHASES):
-        found = next((i for i, seen in enumerate(tables) if seen is paths[phase]), None)
-        if found is None:
-            tables.append(paths[phase])
-            found = len(tables) - 1
-        table_of_phase.append(found)
+    tables, table_of_phase = _distinct(paths)
     n_tools = len(names)
     table_tokens = np.concatenate([table.tokens for table in tables])
     table_starts = np.concatenate([table.starts[:-1] + offset for table, offset in
@@ -299,7 +292,7 @@ def _mismatches(
     key = np.asarray(table_of_phase)[position_phase] * n_tools + answer.tokens
     seg_start, seg_length = table_starts[key], table_lengths[key]
     expected_length = np.add.reduceat(seg_length, answer.starts[:-1])
-    expected = table_tokens[_ranges(seg_start, seg_length)]
+    expected = table_tokens[concat_ranges(seg_start, seg_length)]
     same_length = expected_length == actual.lengths
     # Compare the answers of equal length token by token (their tokens line up once the others are dropped).
     expected_owner = np.repeat(same_length, expected_length)
@@ -310,22 +303,21 @@ def _mismatches(
     return [answers[int(i)] for i in np.nonzero(differs | ~same_length)[0]]
 
 
-def _ranges(starts: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """The concatenated ranges ``starts[i]:starts[i] + lengths[i]``, without a Python loop."""
-    offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    ranges: npt.NDArray[np.int64] = np.repeat(starts, lengths) + offsets
-    return ranges
-
-
-def _build(paths: dict[int, FlatPaths], registry: Registry) -> CompiledTrie:
+def _distinct(paths: dict[int, FlatPaths]) -> tuple[list[FlatPaths], list[int]]:
+    """The phases' distinct path tables (phases with the same affixes share one object) and each phase's index."""
     distinct: list[FlatPaths] = []
-    phase_trie = []
+    index = []
     for phase in range(N_PHASES):
         found = next((i for i, seen in enumerate(distinct) if seen is paths[phase]), None)
         if found is None:
             distinct.append(paths[phase])
             found = len(distinct) - 1
-        phase_trie.append(found)
+        index.append(found)
+    return distinct, index
+
+
+def _build(paths: dict[int, FlatPaths], registry: Registry) -> CompiledTrie:
+    distinct, phase_trie = _distinct(paths)
     try:
         trie = build_trie(distinct, phase_trie)
     except DuplicatePathError as exc:

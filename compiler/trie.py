@@ -36,6 +36,17 @@ PHASE_NEXT_LAST = 3  # the last tool of k > 1
 N_PHASES = 4
 
 
+def concat_ranges(starts: npt.NDArray[np.integer], lengths: npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
+    """The concatenated ranges ``starts[i]:starts[i] + lengths[i]``, without a Python loop.
+
+    >>> concat_ranges(np.array([5, 0]), np.array([2, 3])).tolist()
+    [5, 6, 0, 1, 2]
+    """
+    offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    ranges: npt.NDArray[np.int64] = np.repeat(starts, lengths) + offsets
+    return ranges
+
+
 def phase_of(emitted: int, k: int) -> int:
     """The phase of the tool being written when ``emitted`` of ``k`` tools are already out.
 
@@ -120,10 +131,7 @@ class CompiledTrie:
         tools = np.asarray(tools, dtype=np.int64)
         path = (np.arange(self.n_tries)[:, None] * self.n_tools + tools[None, :]).reshape(-1)
         starts, ends = self.tool_path_start[path], self.tool_path_start[path + 1]
-        lengths = ends - starts
-        # The concatenated ranges starts[i]:ends[i], without a Python loop.
-        offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        edges = self.tool_path_edges[np.repeat(starts, lengths) + offsets]
+        edges = self.tool_path_edges[concat_ranges(starts, ends - starts)]
         return np.bincount(edges, minlength=self.n_edges).astype(np.int32)
 
     def node_edges(self, node: int) -> range:
