@@ -112,10 +112,12 @@ class Twin:
         self.rows, self.chosen = np.zeros(1, np.int32), np.empty(1, np.int32)
         self.ids = np.arange(vocab, dtype=np.int32)
         self.unwanted = (no_rows(3, dtype=np.float64), no_rows(3), no_rows(0), no_rows())
+        self.unranked = module.no_ranker()
 
     def __call__(self, state: BatchState, logits: np.ndarray) -> int:
         self.choose_rows(self.trie, self.n_tools, self.eos_id, -1, state.table, state.counts, state.allowed,
-                         self.rows, logits, None, logits.shape[1], self.ids, self.ids, self.chosen, *self.unwanted)
+                         self.rows, logits, None, logits.shape[1], self.ids, self.ids, self.chosen, *self.unwanted,
+                         self.unranked)
         return int(self.chosen[0])
 
 

@@ -134,6 +134,16 @@ class CompiledTrie:
         edges = self.tool_path_edges[concat_ranges(starts, ends - starts)]
         return np.bincount(edges, minlength=self.n_edges).astype(np.int32)
 
+    def tools_below(self) -> tuple[Int32Array, Int32Array]:
+        """The inverse of the tool paths: edge ``e``'s tools (those whose path in its trie crosses it) are
+        ``tools[start[e]:start[e + 1]]``, ascending. What a ranker's prior is aggregated over (``walk.edge_prior``)."""
+        per_path = np.diff(self.tool_path_start)
+        tool_of_entry = np.repeat(np.tile(np.arange(self.n_tools, dtype=np.int32), self.n_tries), per_path)
+        order = np.argsort(self.tool_path_edges, kind="stable")  # stable: each edge's tools stay ascending
+        counts = np.bincount(self.tool_path_edges, minlength=self.n_edges)
+        start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)
+        return start, tool_of_entry[order].astype(np.int32)
+
     def node_edges(self, node: int) -> range:
         return range(int(self.node_edge_start[node]), int(self.node_edge_start[node + 1]))
 

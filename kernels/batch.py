@@ -133,13 +133,19 @@ class TrieBatch:
     # -- rows: added, removed, moved between steps ----------------------------------------------------------------
 
     def add(self, row: int, k: int, *, constrained: bool = True, thinking: bool = False,
-            subset: Collection[int] | None = None) -> None:
+            subset: Collection[int] | None = None, prior: npt.ArrayLike | None = None,
+            model_weight: float = 1.0) -> None:
         """Start a request in ``row``: exactly ``k`` distinct tools (of ``subset``, if given); with ``thinking``,
-        the constraint starts after the reasoning-end marker; ``constrained=False``: a row without a grammar."""
+        the constraint starts after the reasoning-end marker; ``constrained=False``: a row without a grammar.
+        With ``prior`` (a float per tool, already weighted), each choice ranks a legal token by ``model_weight``
+        times its score plus the best prior among the unused tools below it (the fused ranker of
+        ``kernels/walk.py``): with ``model_weight=0`` the answer is the prior's top k, best first."""
         self.backend.fetch(self.state)  # a device backend's rows moved on: the host copy first
-        size = len(self.state)
-        self.state.add(self.artifact, row, k, constrained=constrained, thinking=thinking, subset=subset)
-        self._synced([row] if len(self.state) == size else range(len(self.state)))
+        size, ranked = len(self.state), self.state.ranker.shape[0]
+        self.state.add(self.artifact, row, k, constrained=constrained, thinking=thinking, subset=subset, prior=prior,
+                       model_weight=model_weight)
+        self._synced([row] if len(self.state) == size and self.state.ranker.shape[0] == ranked
+                     else range(len(self.state)))
 
     def remove(self, row: int) -> None:
         self.backend.fetch(self.state)  # a device backend's rows moved on: the host copy first

@@ -7,6 +7,7 @@ the whole row: with ``hidden`` and an output embedding ``W`` instead of logits i
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ from tooltrie.compiler.artifact import Artifact
 from tooltrie.errors import DecodeError
 from tooltrie.kernels.state import BatchState
 from tooltrie.kernels.vocab import VocabMap, check_step_inputs
-from tooltrie.kernels.walk import accept_rows, choose_rows, fill_rows, forced_rows, mask_rows
+from tooltrie.kernels.walk import accept_rows, choose_rows, fill_rows, forced_rows, mask_rows, no_ranker
 
 TRIE_FIELDS = ("node_edge_start", "edge_token", "edge_child", "edge_tool_count", "node_tool", "trie_root",
                "phase_trie", "tool_path_start", "tool_path_edges")
@@ -97,7 +98,15 @@ class CpuBackend(HostState):
         check_stats(out.stats, len(rows))
         choose_rows(self.trie, self.n_tools, self.eos_id, self.reasoning_end_id, state.table, state.counts,
                     state.allowed, rows, scores, hidden, n_cols, vocab.full_to_output, vocab.output_to_full,
-                    out.chosen, out.stats, out.decision, out.forced, out.n_forced)
+                    out.chosen, out.stats, out.decision, out.forced, out.n_forced, self.ranked(state))
+
+    def ranked(self, state: BatchState) -> tuple[npt.NDArray[Any], ...]:
+        """The walk's ``ranked`` argument for this state."""
+        return (state.ranker, *self.tools_below) if state.ranker.shape[0] else no_ranker()
+
+    @cached_property
+    def tools_below(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        return self.artifact.trie.tools_below()
 
 
 def node_masks(artifact: Artifact, *, min_edges: int = 16, budget_bytes: int = 8 << 20

@@ -43,6 +43,7 @@ accept_token, beats, best_move, best_plain, choose_row, follow_forced = (
     walk.accept_token, walk.beats, walk.best_move, walk.best_plain, walk.choose_row, walk.follow_forced)
 clear_words, is_plain, mark_row, plain_excluded = walk.clear_words, walk.is_plain, walk.mark_row, walk.plain_excluded
 put_decision, take_move, take_plain = walk.put_decision, walk.take_move, walk.take_plain
+has_ranker = walk.has_ranker
 lse_merge, no_stats, put_stats = walk.lse_merge, walk.no_stats, walk.put_stats
 
 LOG = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ def _unpack(buffer: Any, offsets: Any) -> Any:
 @cuda.jit(device=True)
 def _warp_choice(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any,
                  allowed: Any, rows: Any, scores: Any, hidden: Any, n_cols: int, full_to_output: Any,
-                 output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any) -> None:
+                 output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any,
+                 ranked: Any) -> None:
     srow, lane = cuda.blockIdx.x, cuda.threadIdx.x
     row = rows[srow]
     if row < 0 or table[row, STATUS] != RUNNING:  # uniform across the block: every lane leaves together
@@ -100,10 +102,13 @@ def _warp_choice(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, ta
             row, srow, lane, WARP, n_cols, scores, hidden, output_to_full, plain_excluded(table, row, eos_id),
             with_stats)
         kind, edge, n_legal, n_continue = -1, -1, 0, 0
+    elif has_ranker(ranked[0], row) and lane > 0:  # a ranked row is scanned by lane 0 alone (``walk.best_move``)
+        value, token, kind, edge, runner_up, lse_max, lse_sum, n_legal, n_continue = (
+            -np.inf, -1, -1, -1, -np.inf, -np.inf, 0.0, 0, 0)
     else:
         value, token, kind, edge, runner_up, lse_max, lse_sum, n_legal, n_continue = best_move(
-            row, srow, lane, WARP, trie, n_tools, eos_id, table, counts, allowed, scores, hidden, full_to_output,
-            with_stats)
+            row, srow, lane, 1 if has_ranker(ranked[0], row) else WARP, trie, n_tools, eos_id, table, counts, allowed,
+            scores, hidden, full_to_output, with_stats, ranked)
     s_value[lane], s_token[lane], s_kind[lane], s_edge[lane] = value, token, kind, edge
     s_runner_up[lane], s_lse_max[lane], s_lse_sum[lane] = runner_up, lse_max, lse_sum
     s_legal[lane], s_continue[lane] = n_legal, n_continue
@@ -139,11 +144,12 @@ def _warp_choice(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, ta
 @cuda.jit(device=True)
 def _thread_choice(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any,
                    allowed: Any, rows: Any, scores: Any, hidden: Any, n_cols: int, full_to_output: Any,
-                   output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any) -> None:
+                   output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any,
+                   ranked: Any) -> None:
     srow = cuda.grid(1)
     if srow < rows.shape[0]:
         choose_row(rows[srow], srow, trie, n_tools, eos_id, reasoning_end_id, table, counts, allowed, scores, hidden,
-                   n_cols, full_to_output, output_to_full, chosen, stats, decision, forced, n_forced)
+                   n_cols, full_to_output, output_to_full, chosen, stats, decision, forced, n_forced, ranked)
 
 
 _CHOICES = {"warp": _warp_choice, "thread": _thread_choice}
@@ -210,9 +216,11 @@ def make_kernels(arrays: dict[str, np.ndarray[Any, Any]] | None, layout: str) ->
     @cuda.jit
     def choose(buffer: Any, offsets: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any,
                allowed: Any, rows: Any, scores: Any, hidden: Any, n_cols: int, full_to_output: Any,
-               output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any) -> None:
+               output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any, ranker: Any,
+               below_start: Any, below_tools: Any) -> None:
         choice_row(load(buffer, offsets), n_tools, eos_id, reasoning_end_id, table, counts, allowed, rows, scores,
-                   hidden, n_cols, full_to_output, output_to_full, chosen, stats, decision, forced, n_forced)
+                   hidden, n_cols, full_to_output, output_to_full, chosen, stats, decision, forced, n_forced,
+                   (ranker, below_start, below_tools))
 
     @cuda.jit
     def accept(buffer: Any, offsets: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any,
@@ -310,20 +318,26 @@ class CudaBackend:
         self.table: Any = None
         self.counts: Any = None
         self.allowed: Any = None
+        self.ranker: Any = None
+        self._below: tuple[Any, Any] | None = None  # the trie's tools_below, on the device once a row is ranked
 
     # -- the state on the device ---------------------------------------------------------------------------------
 
     def sync(self, state: BatchState, rows: Any) -> None:
         """Copy host rows up; the whole state when its shape changed (grown, wider k, first subset)."""
-        if self.table is None or self.table.shape != state.table.shape or self.counts.shape != state.counts.shape:
+        if (self.table is None or self.table.shape != state.table.shape or self.counts.shape != state.counts.shape
+                or self.ranker.shape != state.ranker.shape):
             self.table = cuda.to_device(state.table)
             self.counts, self.allowed = cuda.to_device(state.counts), cuda.to_device(state.allowed)
+            self.ranker = cuda.to_device(state.ranker)
             return
         for row in np.asarray(rows).tolist():
             self.table[row:row + 1].copy_to_device(state.table[row:row + 1])
             if state.counts.shape[0]:
                 self.counts[row:row + 1].copy_to_device(state.counts[row:row + 1])
                 self.allowed[row:row + 1].copy_to_device(state.allowed[row:row + 1])
+            if state.ranker.shape[0]:
+                self.ranker[row:row + 1].copy_to_device(state.ranker[row:row + 1])
 
     def fetch(self, state: BatchState) -> None:
         self.table.copy_to_host(state.table)
@@ -372,8 +386,10 @@ class CudaBackend:
     def choose(self, state: BatchState, rows: Any, scores: Any, hidden: Any, vocab: VocabMap | None,
                out: Outputs) -> None:
         if hidden is None:
-            if out.stats.shape[0] and str(getattr(scores, "dtype", "")) in ("torch.bfloat16", "int16", "torch.int16"):
-                raise ValueError("stats need float16/float32 logits: bfloat16 logits are compared as their bits")
+            if ((out.stats.shape[0] or self.ranker.shape[0])
+                    and str(getattr(scores, "dtype", "")) in ("torch.bfloat16", "int16", "torch.int16")):
+                raise ValueError("stats and rankers need float16/float32 logits: bfloat16 logits are compared as "
+                                 "their bits")
             scores = _bf16_as_bits(scores)
             n_score_rows, n_cols, hidden = scores.shape[0], scores.shape[1], self._no_hidden
         else:
@@ -386,7 +402,17 @@ class CudaBackend:
         grid, block = (len(rows), WARP) if self.layout == "warp" else (_blocks(len(rows)), THREADS_PER_BLOCK)
         self._launch("choose", grid, block, scores, *self._trie_args, self.n_tools, self.eos_id,
                      self.reasoning_end_id, self.table, self.counts, self.allowed, _device(rows), scores, hidden,
-                     n_cols, *_device_maps(vocab), out.chosen, out.stats, out.decision, out.forced, out.n_forced)
+                     n_cols, *_device_maps(vocab), out.chosen, out.stats, out.decision, out.forced, out.n_forced,
+                     *self._ranked())
+
+    def _ranked(self) -> tuple[Any, Any, Any]:
+        """The ranker and the trie's per-edge tool lists (``walk.edge_prior``), on the device."""
+        if self.ranker.shape[0] == 0:
+            return (self.ranker, *(cuda.to_device(a) for a in walk.no_ranker()[1:]))
+        if self._below is None:
+            self._below = tuple(cuda.to_device(a) for a in self.artifact.trie.tools_below())  # type: ignore[assignment]
+        assert self._below is not None
+        return (self.ranker, *self._below)
 
     def subsets(self, allowed: Any) -> tuple[Any, Any]:
         """Per-row subsets counted on the device from a bitmap ``allowed [B, n_tools]`` (uint8, 1 = allowed): the
@@ -433,6 +459,7 @@ class CudaStepper:
         self.backend = CudaBackend(artifact, placement=placement, layout=layout, constant_budget=constant_budget)
         self.artifact, self.placement, self.layout = artifact, self.backend.placement, layout
         self._no_subsets = (cuda.device_array((0, 0), np.int32), cuda.device_array((0, 0), np.uint8))
+        self._no_ranker = cuda.device_array((0, 1), np.float32)
         self._no_outputs = (cuda.device_array((0, 3), np.int32), cuda.device_array((0, 0), np.int32),
                             cuda.device_array(0, np.int32))
 
@@ -457,6 +484,7 @@ class CudaStepper:
         backend.reasoning_end_id = -1 if reasoning_end_id is None else reasoning_end_id
         backend.table = table
         backend.counts, backend.allowed = subsets if subsets is not None else self._no_subsets
+        backend.ranker = self._no_ranker
         rows = np.arange(table.shape[0], dtype=np.int32)
         out = Outputs(chosen, cuda.device_array((0, 3), np.float64) if stats is None else stats, *self._no_outputs)
         backend.choose(BatchState(np.zeros((0, 0), np.int32)), rows, scores, hidden, vocab, out)

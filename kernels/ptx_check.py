@@ -61,7 +61,8 @@ def compile_variant(artifact: Artifact, *, placement: str, layout: str, score_ki
     state = (table, counts, allowed)
     outputs = (index, types.float64[:, ::1], types.int32[:, ::1], types.int32[:, ::1], index)
     signatures = {
-        "choose": (*trie, count, count, count, *state, index, scores, hidden, count, index, index, *outputs),
+        "choose": (*trie, count, count, count, *state, index, scores, hidden, count, index, index, *outputs,
+                   types.float32[:, ::1], index, index),  # the ranker and the per-edge tool lists
         "accept": (*trie, count, count, count, *state, index, types.int32[:, ::1], index),
         "forced": (*trie, count, count, *state, index, types.int32[:, ::1], index),
         "fill": (*trie, count, count, *state, index, types.int32[:, ::1]),

@@ -29,6 +29,7 @@ class ReferenceBackend(HostState):
     def __init__(self, artifact: Artifact, *, reasoning_end_id: int | None = None) -> None:
         self.artifact, self.trie, self.eos_id = artifact, artifact.trie, artifact.eos_id
         self.reasoning_end_id = reasoning_end_id
+        self._crossing: dict[int, list[int]] = {}  # edge -> the tools whose path crosses it, found by looking
 
     def _moves(self, state: BatchState, row: int) -> tuple[Slot, dict[int, Move]]:
         slot = state.slot(row)
@@ -130,7 +131,10 @@ class ReferenceBackend(HostState):
                 slot, moves = self._moves(state, row)
                 candidates = [(value(i, int(vocab.full_to_output[token])), token) for token in moves
                               if vocab.full_to_output[token] >= 0]
-                token = _best(candidates)
+                if state.ranker.shape[0] and not math.isnan(state.ranker[row, 0]):
+                    candidates, token = self._ranked(slot, moves, candidates, state.ranker[row])
+                else:
+                    token = _best(candidates)
                 _put_stats(out.stats, i, candidates)
                 if out.decision.shape[0]:
                     continuing = sum(moves[t].kind != "hop" for _, t in candidates)
@@ -138,6 +142,47 @@ class ReferenceBackend(HostState):
                 out.chosen[i] = token
                 state.set_slot(row, fail(slot) if token < 0 else advance(self.trie, slot, moves[token]))
             self._follow(state, row, i, out)
+
+
+    def _ranked(self, slot: Slot, moves: dict[int, Move], candidates: list[tuple[float, int]],
+                ranker: npt.NDArray[np.float32]) -> tuple[list[tuple[float, int]], int]:
+        """The fused ranker (``kernels/walk.py``), written out: each candidate's value and the choice. A token's
+        prior is the best among the open tools whose path crosses its edge, found by looking at every tool."""
+        weight, prior = float(ranker[0]), [float(p) for p in ranker[1:]]
+        tool = int(self.trie.node_tool[slot.node])
+
+        def open_prior(edge: int, taken: int) -> float:
+            return max((prior[t] for t in self._tools_crossing(edge)
+                        if t != taken and t not in slot.used and (slot.allowed is None or t in slot.allowed)),
+                       default=-math.inf)
+
+        def fuse(raw: float, bonus: float) -> float:
+            return bonus if weight == 0.0 else weight * raw + bonus
+
+        kinds = {moves[t].kind for _, t in candidates}
+        grouped = "hop" in kinds and "edge" in kinds  # the name may end here or go on
+        values, hops = [], []
+        for raw, token in candidates:
+            move = moves[token]
+            if move.kind == "stop":
+                values.append((fuse(raw, prior[tool]), token))
+            elif move.kind == "edge":
+                values.append((fuse(raw, open_prior(move.edge, -1)), token))
+            else:
+                hops.append((fuse(raw, open_prior(move.edge, tool)), token))
+                values.append((fuse(raw, prior[tool]) if grouped else hops[-1][0], token))
+        if not grouped:
+            return values, _best(values)
+        ending = max(v for v, t in values if moves[t].kind == "hop")
+        going_on = [(v, t) for v, t in values if moves[t].kind != "hop"]
+        return values, _best([*going_on, (ending, _best(hops))])
+
+    def _tools_crossing(self, edge: int) -> list[int]:
+        if edge not in self._crossing:
+            trie = self.trie
+            self._crossing[edge] = [t for r in range(trie.n_tries) for t in range(trie.n_tools)
+                                    if edge in trie.tool_path(r, t).tolist()]
+        return self._crossing[edge]
 
 
 def _value(logit: float) -> float:

@@ -13,6 +13,7 @@ backend; the row as a readable ``Slot`` (:meth:`BatchState.slot`) is for the ora
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,12 +71,15 @@ class BatchState:
     ``used[i, :emitted[i]]`` are slot i's finished tools, in order. ``constrained[i]`` is 0 for rows without a
     grammar (plain argmax); ``thinking[i]`` is 1 while a reasoning model has not yet emitted its
     reasoning-end marker (the constraint starts after it). ``counts [B, E]`` and ``allowed [B, n_tools]`` hold
-    each row's subset; with no rows (the default) every slot has the whole registry.
+    each row's subset; with no rows (the default) every slot has the whole registry. ``ranker [B, 1 + n_tools]``
+    (float32) holds each row's fused ranker, the model's weight then each tool's prior (``walk.has_ranker``; NaN
+    weight: none); with no rows, no row has one.
     """
 
     table: npt.NDArray[np.int32]
     counts: npt.NDArray[np.int32] = field(default_factory=lambda: _no_rows(np.int32))
     allowed: npt.NDArray[np.uint8] = field(default_factory=lambda: _no_rows(np.uint8))
+    ranker: npt.NDArray[np.float32] = field(default_factory=lambda: _no_rows(np.float32))
 
     @property
     def k(self) -> Column:
@@ -207,14 +211,17 @@ class BatchState:
         return cls(table)
 
     def add(self, artifact: Artifact, row: int, k: int, *, constrained: bool = True, thinking: bool = False,
-            subset: Subset = None) -> None:
-        """Start a new request in ``row`` (growing the batch if needed): its counts come from its subset, once."""
+            subset: Subset = None, prior: npt.ArrayLike | None = None, model_weight: float = 1.0) -> None:
+        """Start a new request in ``row`` (growing the batch if needed): its counts come from its subset, once.
+        With ``prior`` (one float per tool, already weighted), its choices rank ``model_weight * score + prior``
+        (the fused ranker of ``kernels/walk.py``)."""
         if constrained:
             check_k(k, artifact.trie.n_tools, where=f"slot {row}")
             check_subset(artifact, subset, k, where=f"slot {row}")
         if row >= len(self):
             self.grow(max(row + 1, 2 * len(self)))
         self._limit(artifact, row, subset)
+        self._rank(artifact, row, prior, model_weight)
         if k > self.used.shape[1]:
             self.table = np.pad(self.table, ((0, 0), (0, k - self.used.shape[1])), constant_values=-1)
         self.k[row] = k
@@ -222,6 +229,23 @@ class BatchState:
         self.set_slot(row, Slot.start(artifact.trie, max(k, 1)))
 
     reset = add  # a row reused for a new request
+
+    def _rank(self, artifact: Artifact, row: int, prior: npt.ArrayLike | None, model_weight: float) -> None:
+        """Give ``row`` its ranker (None: none)."""
+        if prior is None and self.ranker.shape[0] == 0:
+            return
+        n_tools = artifact.trie.n_tools
+        if self.ranker.shape[0] == 0:  # the first ranker in this batch: every row gets a (NaN: empty) one
+            self.ranker = np.zeros((len(self), 1 + n_tools), np.float32)
+            self.ranker[:, 0] = np.nan
+        if prior is None:
+            self.ranker[row, 0] = np.nan
+            return
+        values = np.asarray(prior, dtype=np.float32)
+        if values.shape != (n_tools,) or not np.isfinite(values).all() or not math.isfinite(model_weight):
+            raise DecodeError(f"slot {row}: a ranker needs {n_tools} finite priors and a finite model weight, got "
+                              f"shape {values.shape}, weight {model_weight}")
+        self.ranker[row, 0], self.ranker[row, 1:] = model_weight, values
 
     def remove(self, row: int) -> None:
         """Free ``row``: it is done, and no step touches it until it is added again."""
@@ -233,17 +257,20 @@ class BatchState:
             self.grow(max(source, target) + 1)
         if source == target:
             return
-        self.table[target] = self.table[source]
-        if self.counts.shape[0]:
-            self.counts[target], self.allowed[target] = self.counts[source], self.allowed[source]
+        for array in self._row_arrays():
+            array[target] = array[source]
         self.remove(source)
 
     def swap(self, a: int, b: int) -> None:
         """Rows ``a`` and ``b`` trade places."""
         if max(a, b) >= len(self):
             self.grow(max(a, b) + 1)
-        for array in (self.table, self.counts, self.allowed) if self.counts.shape[0] else (self.table,):
+        for array in self._row_arrays():
             array[[a, b]] = array[[b, a]]
+
+    def _row_arrays(self) -> list[npt.NDArray[Any]]:
+        """The arrays with a row per slot (those without rows are not in use)."""
+        return [array for array in (self.table, self.counts, self.allowed, self.ranker) if array.shape[0]]
 
     def grow(self, capacity: int) -> None:
         """Room for ``capacity`` rows; the new ones are free."""
@@ -254,6 +281,8 @@ class BatchState:
         if self.counts.shape[0]:
             self.counts = np.concatenate([self.counts, np.zeros((extra, self.counts.shape[1]), np.int32)])
             self.allowed = np.concatenate([self.allowed, np.zeros((extra, self.allowed.shape[1]), np.uint8)])
+        if self.ranker.shape[0]:
+            self.ranker = np.concatenate([self.ranker, np.full((extra, self.ranker.shape[1]), np.nan, np.float32)])
 
     def compact(self, batch_mapping: Sequence[int] | npt.NDArray[np.integer]) -> None:
         """Drop and reorder slots after an eviction: ``batch_mapping[i]`` is old slot i's new index, or -1."""
@@ -270,6 +299,8 @@ class BatchState:
         if self.counts.shape[0]:
             self.counts = np.ascontiguousarray(self.counts[order])
             self.allowed = np.ascontiguousarray(self.allowed[order])
+        if self.ranker.shape[0]:
+            self.ranker = np.ascontiguousarray(self.ranker[order])
 
 
 def check_subset(artifact: Artifact, subset: Subset, k: int, *, where: str = "request") -> None:

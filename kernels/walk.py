@@ -266,15 +266,25 @@ def n_candidates(fr: Any) -> int:
 
 @_jit
 def best_move(row: int, srow: int, lane: int, stride: int, trie: Any, n_tools: int, eos_id: int, table: Any,
-              counts: Any, allowed: Any, scores: Any, hidden: Any, full_to_output: Any, with_stats: bool
-              ) -> tuple[float, int, int, int, float, float, float, int, int]:
-    """This lane's best legal move of a constrained, running slot: (score, token, kind, edge); token -1: none.
+              counts: Any, allowed: Any, scores: Any, hidden: Any, full_to_output: Any, with_stats: bool,
+              ranked: Any) -> tuple[float, int, int, int, float, float, float, int, int]:
+    """This lane's best legal move of a constrained, running slot: (value, token, kind, edge); token -1: none.
     Then, with ``with_stats`` (else -inf, -inf, 0), this lane's runner-up value and its online log-sum-exp
     (max, sum) over its legal tokens; then how many legal tokens this lane saw, and how many of them continue
-    the current name (edges and stop, not hops). Scores are read from row ``srow``."""
+    the current name (edges and stop, not hops). Scores are read from row ``srow``. A row with a ranker
+    (:func:`has_ranker`) is scanned by one lane (``lane`` 0, ``stride`` 1): see the fused ranker below."""
     fr = frame(row, trie, table, allowed)
+    ranker = ranked[0]
+    fused = has_ranker(ranker, row)
+    weight = float(ranker[row, 0]) if fused else 1.0
+    tool = fr[6]
+    end_prior = float(ranker[row, 1 + tool]) if fused and tool >= 0 else 0.0
+    # Where the name may end here or go on (hops beside open edges of its own), ending it is one option of the
+    # decision, valued by this tool's prior; which hop then starts the next tool is decided by the next tool's.
+    grouped = fused and fr[5] > 0 and continues_name(row, fr, trie, n_tools, table, counts, full_to_output)
     best_value, best_token, best_kind, best_edge = -np.inf, -1, -1, -1
-    runner_up, lse_max, lse_sum = -np.inf, -np.inf, 0.0
+    hop_value, hop_token, hop_edge, group_value = -np.inf, -1, -1, -np.inf
+    top, runner_up, lse_max, lse_sum = -np.inf, -np.inf, -np.inf, 0.0  # over every option's value
     n_legal, n_continue = 0, 0
     crossing_edge, crossing_times = -1, 0
     for i in range(lane, n_candidates(fr), stride):
@@ -286,21 +296,87 @@ def best_move(row: int, srow: int, lane: int, stride: int, trie: Any, n_tools: i
             n_legal += 1
             n_continue += 1 if kind == MOVE_EDGE else 0
             value = score(scores, hidden, srow, col)
+            if fused:
+                raw = value
+                value = fuse(weight, raw, edge_prior(row, edge, -1 if kind == MOVE_EDGE else tool, table, allowed,
+                                                     ranked))
+                if grouped and kind == MOVE_HOP:
+                    if beats(value, token, hop_value, hop_token):
+                        hop_value, hop_token, hop_edge = value, token, edge
+                    value = fuse(weight, raw, end_prior)
+                    group_value = max(group_value, value)
             if with_stats:
-                runner_up = max(runner_up, min(value, best_value))
+                runner_up, top = max(runner_up, min(value, top)), max(top, value)
                 lse_max, lse_sum = lse_add(lse_max, lse_sum, value)
-            if beats(value, token, best_value, best_token):
+            if not (grouped and kind == MOVE_HOP) and beats(value, token, best_value, best_token):
                 best_value, best_token, best_kind, best_edge = value, token, kind, edge
     if lane == 0 and fr[7] and full_to_output[eos_id] >= 0:
         n_legal += 1
         n_continue += 1
         value = score(scores, hidden, srow, full_to_output[eos_id])
+        if fused:
+            value = fuse(weight, value, end_prior)
         if with_stats:
-            runner_up = max(runner_up, min(value, best_value))
+            runner_up, top = max(runner_up, min(value, top)), max(top, value)
             lse_max, lse_sum = lse_add(lse_max, lse_sum, value)
         if beats(value, eos_id, best_value, best_token):
             best_value, best_token, best_kind, best_edge = value, eos_id, MOVE_STOP, -1
+    if hop_token >= 0 and beats(group_value, hop_token, best_value, best_token):
+        best_value, best_token, best_kind, best_edge = group_value, hop_token, MOVE_HOP, hop_edge
     return best_value, best_token, best_kind, best_edge, runner_up, lse_max, lse_sum, n_legal, n_continue
+
+
+# -- the fused ranker ------------------------------------------------------------------------------------------------
+# ``ranked = (ranker, below_start, below_tools)``: ``ranker [B, 1 + n_tools]`` float32 holds, per state row, the
+# weight of the model's score (column 0; NaN: the row has no ranker) and each tool's prior, already weighted
+# (column 1 + tool); with no rows, no row has one. ``below_start``/``below_tools`` are ``CompiledTrie.tools_below``.
+# A legal token's value is then ``weight * score + prior`` (:func:`fuse`), the prior of a token being the best
+# prior among the unused allowed tools below its edge (:func:`edge_prior`), so with the weight at 0 the answer is
+# the prior's top k, best first. Where a name may end or go on, ending it is one option valued by its own tool's
+# prior, and the hop that starts the next tool is chosen among the hops by the next tool's (:func:`best_move`).
+# Ranker values are compared as floats: bfloat16 logits (compared as their bits) cannot be ranked.
+
+def no_ranker() -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """``ranked`` for a batch without a ranker."""
+    return np.zeros((0, 1), np.float32), np.zeros(1, np.int32), np.zeros(0, np.int32)
+
+
+@_jit
+def has_ranker(ranker: Any, row: int) -> bool:
+    return ranker.shape[0] > 0 and not math.isnan(ranker[row, 0])
+
+
+@_jit
+def fuse(weight: float, value: float, prior: float) -> float:
+    """``weight * value + prior``; a zero weight leaves the model's score out altogether (even -inf)."""
+    return prior if weight == 0.0 else weight * value + prior
+
+
+@_jit
+def edge_prior(row: int, edge: int, extra_tool: int, table: Any, allowed: Any, ranked: Any) -> float:
+    """The best prior among the unused allowed tools below ``edge`` other than ``extra_tool`` (a hop's terminal
+    tool, taken by the hop); -inf when there is none."""
+    ranker, below_start, below_tools = ranked
+    best = -np.inf
+    for i in range(below_start[edge], below_start[edge + 1]):
+        tool = below_tools[i]
+        prior = float(ranker[row, 1 + tool])
+        if prior > best and tool != extra_tool and terminal_open(table, allowed, row, tool):
+            best = prior
+    return best
+
+
+@_jit
+def continues_name(row: int, fr: Any, trie: Any, n_tools: int, table: Any, counts: Any, full_to_output: Any
+                   ) -> bool:
+    """Whether one of the row's own edges is legal: the current name may go on."""
+    crossing_edge, crossing_times = -1, 0
+    for i in range(fr[2]):
+        edge, _, count, crossing_edge, crossing_times = open_edge(i, 1, row, fr, trie, n_tools, table, counts,
+                                                                  crossing_edge, crossing_times)
+        if count > 0 and full_to_output[trie[1][edge]] >= 0:
+            return True
+    return False
 
 
 @_jit
@@ -556,7 +632,8 @@ def put_decision(decision: Any, srow: int, table: Any, row: int, n_legal: int, n
 @_jit
 def choose_row(row: int, srow: int, trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any,
                counts: Any, allowed: Any, scores: Any, hidden: Any, n_cols: int, full_to_output: Any,
-               output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any) -> None:
+               output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any, ranked: Any
+               ) -> None:
     """One row's whole choice by one lane: its best move (or plain argmax), then the moves the trie forces after
     it; ``stats`` (:func:`put_stats`), ``decision`` (:func:`put_decision`) and ``forced`` are written when they have
     rows. A row that is not running (or ``row`` -1) chooses nothing."""
@@ -576,7 +653,7 @@ def choose_row(row: int, srow: int, trie: Any, n_tools: int, eos_id: int, reason
     else:
         value, token, kind, edge, runner_up, lse_max, lse_sum, n_legal, n_continue = best_move(
             row, srow, 0, 1, trie, n_tools, eos_id, table, counts, allowed, scores, hidden, full_to_output,
-            with_stats)
+            with_stats, ranked)
         put_stats(stats, srow, value, runner_up, lse_max, lse_sum)
         put_decision(decision, srow, table, row, n_legal, n_continue)
         chosen[srow] = token
@@ -589,11 +666,12 @@ def choose_row(row: int, srow: int, trie: Any, n_tools: int, eos_id: int, reason
 @_entry
 def choose_rows(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, table: Any, counts: Any,
                 allowed: Any, rows: Any, scores: Any, hidden: Any, n_cols: int, full_to_output: Any,
-                output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any) -> None:
+                output_to_full: Any, chosen: Any, stats: Any, decision: Any, forced: Any, n_forced: Any,
+                ranked: Any) -> None:
     """Each row's choice (:func:`choose_row`), one after another."""
     for srow in range(rows.shape[0]):
         choose_row(rows[srow], srow, trie, n_tools, eos_id, reasoning_end_id, table, counts, allowed, scores, hidden,
-                   n_cols, full_to_output, output_to_full, chosen, stats, decision, forced, n_forced)
+                   n_cols, full_to_output, output_to_full, chosen, stats, decision, forced, n_forced, ranked)
 
 
 @_entry

@@ -35,6 +35,7 @@ from tooltrie.compiler import Artifact, Contract, TokenizerInfo, compile_registr
 from tooltrie.errors import DecodeError
 from tooltrie.kernels import TrieBatch
 from tooltrie.kernels.bitmask import allocate_token_bitmask, allowed_tokens
+from tooltrie.kernels.reference import ReferenceBackend
 from tooltrie.kernels.rules import Slot, Status, advance, fail, legal_moves
 from tooltrie.kernels.state import DONE, ERROR, RUNNING
 from tooltrie.registry import make_registry
@@ -51,6 +52,7 @@ class Row:
     slot: Slot | None
     thinking: bool
     plain_status: Status = Status.RUNNING
+    ranker: np.ndarray | None = None  # the model's weight, then each tool's prior
 
     @property
     def status(self) -> Status:
@@ -91,6 +93,7 @@ class BatchMachine(RuleBasedStateMachine):
                         for name in self.backends}
         self.rows: dict[int, Row] = {}
         self.saved: dict[int, tuple[Row, dict[str, Any]]] = {}
+        self.oracle = ReferenceBackend(self.artifact)
 
     # -- the oracle ----------------------------------------------------------------------------------------------
 
@@ -136,18 +139,24 @@ class BatchMachine(RuleBasedStateMachine):
     # -- rows come and go ------------------------------------------------------------------------------------------
 
     @rule(row=st.integers(0, ROWS - 1), k=st.integers(1, 3),
-          kind=st.sampled_from(["trie", "trie", "thinking", "plain"]), subset_seed=st.none() | st.integers(0, 1000))
-    def add(self, row: int, k: int, kind: str, subset_seed: int | None) -> None:
+          kind=st.sampled_from(["trie", "trie", "thinking", "plain"]), subset_seed=st.none() | st.integers(0, 1000),
+          ranker=st.none() | st.tuples(st.sampled_from([0.0, 0.5, 1.0]), st.integers(0, 1000)))
+    def add(self, row: int, k: int, kind: str, subset_seed: int | None, ranker: tuple[float, int] | None) -> None:
         n_tools = self.artifact.trie.n_tools
         subset = None
         if subset_seed is not None and kind != "plain":
             rng = random.Random(subset_seed)
             subset = frozenset(rng.sample(range(n_tools), rng.randint(k, n_tools)))
         constrained = kind != "plain"
+        prior, weight = None, 1.0
+        if ranker is not None:  # priors in quarters: ties between tools happen
+            weight, prior = ranker[0], np.random.default_rng(ranker[1]).integers(-4, 5, n_tools) / 4
         for batch in self.batches.values():
-            batch.add(row, k, constrained=constrained, thinking=kind == "thinking", subset=subset)
+            batch.add(row, k, constrained=constrained, thinking=kind == "thinking", subset=subset, prior=prior,
+                      model_weight=weight)
         slot = Slot.start(self.artifact.trie, k, subset) if constrained else None
-        self.rows[row] = Row(slot, thinking=kind == "thinking")
+        self.rows[row] = Row(slot, thinking=kind == "thinking",
+                             ranker=None if prior is None else np.array([weight, *prior], np.float32))
         self.saved.pop(row, None)
 
     @precondition(lambda self: self.rows)
@@ -257,11 +266,13 @@ class BatchMachine(RuleBasedStateMachine):
             candidates = [(float(logits[t]), t) for t in moves]
             continuing = sum(m.kind != "hop" for m in moves.values())
             decision = [len(moves), continuing, row.slot.emitted + (continuing == 0)]
-        value, token = max(candidates, key=lambda c: (c[0], -c[1]))
+        token = max(candidates, key=lambda c: (c[0], -c[1]))[1]
+        if row.ranker is not None and decision is not None:  # the fused ranker, as the reference writes it out
+            candidates, token = self.oracle._ranked(row.slot, moves, candidates, row.ranker)
         values = sorted((v for v, _ in candidates), reverse=True)
         top = values[0]
-        total = top + math.log(sum(math.exp(v - top) for v in values))
-        stats = [value, values[1] if len(values) > 1 else -math.inf, total]
+        total = top + math.log(sum(math.exp(v - top) for v in values if v > -math.inf))
+        stats = [top, values[1] if len(values) > 1 else -math.inf, total]
         row = self._accept(row, token)
         row, forced = self._forced(row)
         self.rows[row_index] = row

@@ -62,7 +62,7 @@ class Walker:
         full_to_output = np.arange(self.width, dtype=np.int32)
         self.module.choose_rows(*self._args(), -1, table, s.counts, s.allowed, self.rows, logits, None, self.width,
                                 full_to_output, full_to_output, chosen, no_rows(3, dtype=np.float64), no_rows(3),
-                                no_rows(0), no_rows())
+                                no_rows(0), no_rows(), self.module.no_ranker())
         return int(chosen[0]), table
 
     def accept(self, token: int) -> None:
