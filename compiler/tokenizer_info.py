@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,46 @@ class TokenizerInfo:
     def encode(self, text: str) -> list[int]:
         """Canonical token ids of ``text``, without special tokens added around it."""
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def encode_prompt(self, before: str, text: str, after: str) -> list[int]:
+        """``before + text + after`` tokenized whole, with the special tokens of ``before`` and ``after`` (a chat
+        template's) parsed and those spelled inside ``text`` (a user's query) kept as text: a query holding
+        ``<|im_end|>`` cannot close its turn. Everything between two template special tokens is encoded in one
+        piece, as ``encode`` does, so a query without special-token strings gets exactly ``encode``'s ids."""
+        ids: list[int] = []
+        plain = ""
+        for piece in (*self._split_specials(before), text, *self._split_specials(after)):
+            if isinstance(piece, int):
+                ids += self._text_tokenizer.encode(plain, add_special_tokens=False).ids if plain else []
+                ids.append(piece)
+                plain = ""
+            else:
+                plain += piece
+        return ids + (self._text_tokenizer.encode(plain, add_special_tokens=False).ids if plain else [])
+
+    def _split_specials(self, template: str) -> list[str | int]:
+        """``template`` as its text and the ids of its special tokens, in order."""
+        if self._special_pattern is None:
+            return [template]
+        pieces: list[str | int] = []
+        for i, part in enumerate(self._special_pattern.split(template)):
+            if i % 2:
+                pieces.append(int(self.tokenizer.token_to_id(part)))
+            elif part:
+                pieces.append(part)
+        return pieces
+
+    @functools.cached_property
+    def _special_pattern(self) -> re.Pattern[str] | None:
+        specials = sorted(self.special_tokens, key=len, reverse=True)
+        return re.compile("(" + "|".join(map(re.escape, specials)) + ")") if specials else None
+
+    @functools.cached_property
+    def _text_tokenizer(self) -> Tokenizer:
+        """A copy of the tokenizer that reads special-token strings as text (the shared one is left as it is)."""
+        copy = Tokenizer.from_str(self.tokenizer.to_str())
+        copy.encode_special_tokens = True
+        return copy
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """``encode`` for many texts at once (parallel in Rust)."""

@@ -55,7 +55,7 @@ class EvalSetup:
     def prompt_ids(self, query: LabelledQuery) -> list[int]:
         """The whole prompt, tokenized in one piece (as the engine does)."""
         registry, contract = self.artifact.registry, self.artifact.contract
-        return self.tokenizer.encode(self.prompt.text(registry, contract, query.query, query.k))
+        return self.prompt.ids(self.tokenizer, registry, contract, query.query, query.k)
 
     def answer_budget(self, k: int) -> int:
         """Enough new tokens for any answer of k tools and its stop token, in the trie's canonical tokens."""
@@ -82,20 +82,29 @@ class Arm:
 
 
 class EngineArm(Arm):
+    """The engine, ranking by ``options["ranker"]`` (model, retrieval or fused; default model), the prior from
+    ``options["retrieval"]`` (a ``tooltrie.ranker.Ranker``)."""
+
     name = "engine"
     constrained = True
+
+    @property
+    def ranker(self) -> str:
+        return str(self.setup.options.get("ranker", "model"))
 
     @functools.cached_property
     def engine(self) -> Any:
         from tooltrie.serve.engine import Engine
 
         s = self.setup
-        return Engine(s.model, s.tokenizer, s.artifact, max_batch=s.batch_size, prompt=s.prompt)
+        return Engine(s.model, s.tokenizer, s.artifact, max_batch=s.batch_size, prompt=s.prompt,
+                      ranker=s.options.get("retrieval"))
 
     def predict(self, queries: Sequence[LabelledQuery]) -> list[Prediction]:
         from tooltrie.serve.engine import Request
 
-        requests = [Request(q.query, q.k, constrained=self.constrained, max_new_tokens=self.setup.max_new_tokens)
+        requests = [Request(q.query, q.k, constrained=self.constrained, max_new_tokens=self.setup.max_new_tokens,
+                            ranker=self.ranker if self.constrained else "model")
                     for q in queries]
         return [Prediction(text=a.text, token_ids=list(a.token_ids), finish_reason=a.finish_reason)
                 for a in self.engine.run(requests)]
@@ -104,6 +113,16 @@ class EngineArm(Arm):
 class UnconstrainedArm(EngineArm):
     name = "unconstrained"
     constrained = False
+
+
+class FusedArm(EngineArm):
+    """The engine with the fused ranker: the model's scores and the retrieval prior, inside the decode."""
+
+    name = "fused"
+
+    @property
+    def ranker(self) -> str:
+        return "fused"
 
 
 class GenerateArm(Arm):
@@ -234,6 +253,7 @@ ARMS: dict[str, Callable[[EvalSetup], Arm]] = {
     "engine": EngineArm,
     "hf": HfArm,
     "unconstrained": UnconstrainedArm,
+    "fused": FusedArm,
     "xgrammar": XGrammarArm,
     "retrieval": RetrievalArm,
 }

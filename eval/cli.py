@@ -15,14 +15,14 @@ DEFAULT_EVAL_ARMS = "engine,hf,unconstrained,xgrammar"
 
 def add_commands(commands: Any) -> None:
     """Register the subcommands on ``tooltrie``'s subparsers."""
-    from tooltrie.options import add_separator_option
+    from tooltrie.options import add_ranker_options, add_separator_option
 
     ev = commands.add_parser("eval", help="score a model and an artifact on labelled queries, per arm")
     ev.add_argument("--dataset", default="metatool-single",
                     help="NAME[:SPLIT] of a bundled set (default split: test) or a JSONL file of {query, tools}")
     ev.add_argument("--arms", default=DEFAULT_EVAL_ARMS,
-                    help=f"comma-separated: engine, hf, unconstrained, xgrammar, retrieval, vllm, vllm-xgrammar, "
-                         f"vllm-unconstrained (default: {DEFAULT_EVAL_ARMS})")
+                    help=f"comma-separated: engine, fused, hf, unconstrained, xgrammar, retrieval, vllm, "
+                         f"vllm-xgrammar, vllm-unconstrained (default: {DEFAULT_EVAL_ARMS})")
     ev.add_argument("--registry", type=Path, default=None,
                     help="registry file or compiled artifact (default: the dataset's)")
     ev.add_argument("--artifact", type=Path, default=None, help="compiled artifact (default: compiled, cached)")
@@ -38,6 +38,7 @@ def add_commands(commands: Any) -> None:
     ev.add_argument("--sample", type=int, default=None,
                     help="evaluate N evenly spaced queries (a test split is grouped by gold tool: this keeps them all)")
     ev.add_argument("--max-new-tokens", type=int, default=48, help="for unconstrained arms (default 48)")
+    add_ranker_options(ev, what="the engine arm's")
     ev.add_argument("--no-plots", dest="plots", action="store_false")
     ev.add_argument("-o", "--output", type=Path, required=True, help="directory for results.json, report.md, PNGs")
     ev.set_defaults(run=_eval)
@@ -77,6 +78,7 @@ def _eval(args: argparse.Namespace) -> int:
     from tooltrie.eval.datasets import check_labels, load_split, registry_path
     from tooltrie.eval.harness import evaluate
     from tooltrie.eval.report import write_results
+    from tooltrie.options import ranker_for
     from tooltrie.registry import CATALOG_PATH
     from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
@@ -98,15 +100,19 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"tooltrie eval: warning: {mismatch}", file=sys.stderr)
     check_labels(queries, artifact.registry)
     style = args.prompt_style or info.prompt_style
+    arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+    ranked = "fused" in arms or ("engine" in arms and args.ranker != "model")
     setup = EvalSetup(model=model, tokenizer=tokenizer, artifact=artifact, prompt=Prompt.style(style),
                       batch_size=args.batch, max_new_tokens=args.max_new_tokens, model_path=info.path,
-                      artifact_path=args.artifact)
-    arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
+                      artifact_path=args.artifact,
+                      options={"ranker": args.ranker,
+                               "retrieval": ranker_for(artifact, args.artifact, args.fused_weights) if ranked
+                               else None})
     meta = {"dataset": name if bundled else str(name), "split": split or ("test" if bundled else "all"),
             "model": info.name, "model_fingerprint": info.fingerprint, "dtype": str(info.dtype).removeprefix("torch."),
             "prompt_style": style, "limit": args.limit,
             "adapter": None if info.adapter is None else str(info.adapter.path),
-            "sample": args.sample}
+            "sample": args.sample, "ranker": args.ranker, "fused_weights": args.fused_weights.as_dict()}
     results = evaluate(queries, arms, setup, meta=meta)
     paths = write_results(results, args.output, plots=args.plots)
     for arm, data in results["arms"].items():

@@ -43,6 +43,7 @@ from tooltrie.compiler.tokenizer_info import TokenizerInfo
 from tooltrie.errors import DecodeError
 from tooltrie.kernels.batch import TrieBatch
 from tooltrie.kernels.state import DONE, ERROR, check_k, check_subset
+from tooltrie.ranker import Ranker, RankerError, check_ranker
 from tooltrie.registry.subsets import select_tools
 from tooltrie.serve.decoder import Prefix, SharedPrefixDecoder
 from tooltrie.serve.prompt import Prompt
@@ -61,6 +62,7 @@ class Request:
     reasoning: bool = False  # let a reasoning model think first: the constraint starts after its end marker
     allow: tuple[str, ...] | None = None  # tool names or tags the answer may use (None: every tool)
     deny: tuple[str, ...] = ()  # tool names or tags it may not use
+    ranker: str = "model"  # what the choices rank by: model, retrieval or fused (``tooltrie/ranker.py``)
 
 
 @dataclass
@@ -83,6 +85,7 @@ class Answer:
     prompt_tokens: int
     latency_ms: float
     speculated: int = 0  # decisions taken on a speculated run's hidden state, without a pass of their own
+    ranker: dict[str, float] = field(default_factory=lambda: {"model": 1.0, "retrieval": 0.0})  # the weights used
 
 
 @dataclass
@@ -105,23 +108,27 @@ class _Row:
     runs: list[tuple[int, ...]] = field(default_factory=list)  # speculated runs fed after the row in the last pass
     run_hidden: list[torch.Tensor] = field(default_factory=list)  # their last hidden states
     speculated: int = 0
+    ranker: dict[str, float] = field(default_factory=dict)  # the weights its choices used
 
 
 class Engine:
     """Answers discovery requests with ``model`` under ``artifact``'s grammar.
 
     ``model`` is a Hugging Face causal LM whose logits are ``lm_head(last hidden state)`` (Llama-style), with the
-    tokenizer the artifact was compiled for.
+    tokenizer the artifact was compiled for. ``ranker`` gives the retrieval prior that requests asking for the
+    ``retrieval`` or ``fused`` ranker need.
     """
 
     def __init__(self, model: Any, tokenizer: TokenizerInfo, artifact: Artifact, *, max_batch: int = 16,
-                 prompt: Prompt | None = None, backend: str | None = None, speculate: int = 16) -> None:
+                 prompt: Prompt | None = None, backend: str | None = None, speculate: int = 16,
+                 ranker: Ranker | None = None) -> None:
         artifact.check_compatible(tokenizer=tokenizer, where="engine")
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         if speculate < 0:
             raise ValueError(f"speculate must be at least 0, got {speculate}")
         self.speculate = speculate  # most speculated tokens per row and pass (0: none)
+        self.ranker = ranker
         self._runs_after: dict[bytes, list[tuple[int, ...]]] = {}  # a decision point -> the runs worth speculating
         self.reasoning_end_id = tokenizer.reasoning_end_id
         self.model, self.tokenizer, self.artifact, self.max_batch = model.eval(), tokenizer, artifact, max_batch
@@ -228,6 +235,10 @@ class Engine:
         if request.constrained:
             check_k(request.k, self.artifact.trie.n_tools, where=where)
             check_subset(self.artifact, allowed, request.k, where=where)
+        check_ranker(request.ranker, where=where)
+        if request.ranker != "model" and (self.ranker is None or not request.constrained):
+            raise RankerError(f"{where}: the {request.ranker} ranker needs a constrained request and an engine with a "
+                              "retrieval ranker (Engine(..., ranker=Ranker(registry)))")
         if request.reasoning and self.reasoning_end_id is None:
             raise DecodeError(f"{where}: reasoning asked for, but {self.tokenizer.source} has no "
                               "reasoning-end marker (</think> or the like)")
@@ -271,12 +282,17 @@ class Engine:
         prefix_text, prefix, suffix = self._prefix(request.k)
         # The prompt is tokenized whole, as the model would see it; the cached prefix serves as far as the two
         # agree (a query starting with a newline can merge with the prefix's last token).
-        prompt_ids = self.tokenizer.encode(prefix_text + request.query + suffix)
+        prompt_ids = self.tokenizer.encode_prompt(prefix_text, request.query, suffix)  # the query as plain text
         shared = shared_prefix_length(prefix.ids, prompt_ids)
         row = _Row(request=request, pending=[], started=time.perf_counter(), prompt_tokens=len(prompt_ids),
                    thinking=request.reasoning, cache_slot=self._free_slots.pop())
         if request.constrained:
-            self.batch.add(row.cache_slot, request.k, thinking=request.reasoning, subset=allowed)
+            prior, model_weight = None, 1.0
+            if self.ranker is not None and request.ranker != "model":
+                prior, model_weight, weights = self.ranker.row(request.query, request.ranker)
+                row.ranker = weights.as_dict()
+            self.batch.add(row.cache_slot, request.k, thinking=request.reasoning, subset=allowed, prior=prior,
+                           model_weight=model_weight)
             if not request.reasoning:
                 forced = self.batch.follow_forced([row.cache_slot])[0]
                 self.batch.fetch()
@@ -430,7 +446,8 @@ class Engine:
         return Answer(tools=tools, finish_reason=row.finish_reason or "error", token_ids=row.token_ids,
                       text=self.tokenizer.decode(ids), forward_passes=row.forward_passes,
                       decision_points=row.decision_points, prompt_tokens=row.prompt_tokens,
-                      latency_ms=(time.perf_counter() - row.started) * 1e3, speculated=row.speculated)
+                      latency_ms=(time.perf_counter() - row.started) * 1e3, speculated=row.speculated,
+                      ranker=row.ranker or {"model": 1.0, "retrieval": 0.0})
 
 
 def _decision_head(head: torch.Tensor, backend: str) -> Any:
@@ -453,6 +470,7 @@ def response(answer: Answer, artifact: Artifact) -> dict[str, Any]:
         "usage": {"prompt_tokens": answer.prompt_tokens, "completion_tokens": len(answer.token_ids),
                   "forward_passes": answer.forward_passes, "decision_points": answer.decision_points,
                   "speculated": answer.speculated},
+        "ranker": answer.ranker,
         "latency_ms": round(answer.latency_ms, 2),
     }
 

@@ -20,7 +20,7 @@ from functools import cached_property
 from pathlib import Path
 
 from tooltrie.compiler.contract import Contract
-from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR
+from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR, TokenizerInfo
 from tooltrie.registry.model import Registry
 
 DEFAULT_CHAT_TEMPLATE = BUNDLED_TOKENIZERS_DIR / "smollm2-135m" / "chat_template.jinja"
@@ -75,6 +75,12 @@ class Prompt:
     def text(self, registry: Registry, contract: Contract, query: str, k: int) -> str:
         prefix, suffix = self.parts(registry, contract, k)
         return prefix + query + suffix
+
+    def ids(self, tokenizer: TokenizerInfo, registry: Registry, contract: Contract, query: str, k: int) -> list[int]:
+        """:meth:`text` tokenized whole, the query as plain text (``TokenizerInfo.encode_prompt``): what the engine
+        feeds, what evaluation and training data use."""
+        prefix, suffix = self.parts(registry, contract, k)
+        return tokenizer.encode_prompt(prefix, query, suffix)
 
     def training_text(self, registry: Registry, contract: Contract, query: str,
                       tools: Sequence[str]) -> tuple[str, str]:

@@ -7,6 +7,8 @@ misspelt ``registy`` would otherwise be ignored silently).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from tooltrie.serve.limits import ServeLimits
@@ -24,6 +26,10 @@ PREFILTER_HELP = ("Keep the top N tools (of those allowed) by embedding similari
                   "them; N >= k, at most the registry's --prefilter setting. Default: that setting, else none.")
 
 
+RANKER_HELP = ("What the answer ranks tools by: model (the model's scores), retrieval (embedding similarity of the "
+               "query to each tool) or fused (both, inside the constrained decode). Default: the server's --ranker.")
+
+
 class DiscoverBody(BaseModel):
     """``POST /v1/discover``: a query and how many tools it needs."""
 
@@ -36,6 +42,7 @@ class DiscoverBody(BaseModel):
     allow: list[str] | None = Field(default=None, description=ALLOW_HELP)
     deny: list[str] = Field(default_factory=list, description=DENY_HELP)
     prefilter: int | None = Field(default=None, description=PREFILTER_HELP)
+    ranker: Literal["model", "retrieval", "fused"] | None = Field(default=None, description=RANKER_HELP)
 
 
 class ToolPointer(BaseModel):
@@ -61,6 +68,7 @@ class DiscoverResponse(BaseModel):
     registry: str
     registry_sha256: str = Field(description="the version of the registry that answered (it changes on reload)")
     usage: Usage
+    ranker: dict[str, float] = Field(description="the weights the answer's choices used: model and retrieval")
     latency_ms: float = Field(description="decoding time in the engine, from admission to the answer")
 
 

@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tooltrie.ranker import UNTRAINED, Weights
 from tooltrie.serve.errors import QueueFullError, ServeError, UnauthorizedError, UnavailableError
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.mcp_tools import MCP_PATH, TENANT_SCOPE_KEY, mcp_server
@@ -89,7 +90,7 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
         """Exactly k distinct tools of the registry that best answer the query, most relevant first."""
         ask = DiscoveryRequest(query=body.query, k=body.k, registry=body.registry,
                                allow=None if body.allow is None else tuple(body.allow), deny=tuple(body.deny),
-                               prefilter=body.prefilter, tenant=_tenant(request))
+                               prefilter=body.prefilter, tenant=_tenant(request), ranker=body.ranker)
         return await service.discover(ask, disconnected=_until_disconnected(request))
 
     @app.get("/v1/registries", tags=["registries"], responses={401: _ERRORS[401]})
@@ -298,12 +299,14 @@ class _BodyLimit:
 def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool = True, tokenizer: str | None = None,
           host: str = "127.0.0.1", port: int = 8000, limits: ServeLimits | None = None,
           log_level: str = "info", policy: Path | None = None, prefilter: dict[str | None, int] | None = None,
-          dtype: str = "auto", separator: str | None = None) -> None:
+          dtype: str = "auto", separator: str | None = None, ranker: str = "model",
+          fused_weights: Weights = UNTRAINED) -> None:
     """``tooltrie serve``: load the model, compile (or take from the cache) each registry, and serve until
     interrupted. ``registries``: registry files or compiled artifacts (``separator``: the contract's for the files,
     None for the default). ``policy``: the tenants' file (None: open, on loopback only); ``prefilter``: the top N by
     retrieval per registry name (None as the name: every registry), each also the most a request may ask for;
-    ``dtype``: a ``serve.model.DTYPE_NAMES`` entry."""
+    ``dtype``: a ``serve.model.DTYPE_NAMES`` entry; ``ranker`` and ``fused_weights``: what answers rank by unless a
+    request says (``tooltrie/ranker.py``)."""
     import uvicorn
     from transformers.utils import logging as transformers_logging
 
@@ -325,7 +328,7 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     service = DiscoveryService.from_paths(registries, loaded, TokenizerInfo.load(tokenizer or info.tokenizer),
                                           prompt=Prompt.style(info.prompt_style), limits=limits, policy=tenants,
                                           prefilter=Prefilter(rankers, limits=limits_n, unavailable=why),
-                                          separator=separator)
+                                          separator=separator, ranker=ranker, fused=fused_weights)
     for name in names:  # the model answers validly anyway, but may not know these tools
         mismatch = training_mismatch(info, service.served(name).artifact)
         if mismatch:

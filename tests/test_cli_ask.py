@@ -66,7 +66,7 @@ def test_ask_json_names_three_catalog_tools(ask: Ask, tmp_path: Path) -> None:
     lines = out.splitlines()
     assert len(lines) == 1, out
     body = json.loads(lines[0])
-    assert set(body) == {"tools", "finish_reason", "registry", "usage", "latency_ms"}
+    assert set(body) == {"tools", "finish_reason", "registry", "usage", "ranker", "latency_ms"}
     assert body["finish_reason"] == "stop"
     assert body["registry"] == "catalog"
     names = [tool["name"] for tool in body["tools"]]

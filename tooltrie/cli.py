@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tooltrie.errors import TooltrieError
-from tooltrie.options import add_separator_option
+from tooltrie.options import add_ranker_options, add_separator_option
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -56,6 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          help="leave the adapter out: the default model (or --model adapter's base) alone")
     ask_cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
     ask_cmd.add_argument("--json", action="store_true", help="print the discovery endpoint's JSON object")
+    add_ranker_options(ask_cmd)
     _add_dtype_option(ask_cmd)
     ask_cmd.set_defaults(run=_ask)
 
@@ -79,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve_cmd.add_argument("--prefilter", action="append", default=None, metavar="[REGISTRY=]N",
                            help="keep the top N tools by embedding similarity before decoding (default and most a "
                                 "request may ask); repeat per registry")
+    add_ranker_options(serve_cmd, what="the server's")
     serve_cmd.set_defaults(run=_serve)
 
     from tooltrie.train.command import add_gen_data_command, add_train_command
@@ -161,6 +163,7 @@ def _ask(args: argparse.Namespace) -> int:
 
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.compiler.sources import artifact_from, registry_of
+    from tooltrie.options import ranker_for
     from tooltrie.registry import CATALOG_PATH
     from tooltrie.serve.engine import Engine, Request, response
     from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
@@ -176,8 +179,9 @@ def _ask(args: argparse.Namespace) -> int:
     mismatch = training_mismatch(info, artifact)
     if mismatch:
         print(f"tooltrie ask: warning: {mismatch}", file=sys.stderr)
-    engine = Engine(model, tokenizer, artifact, prompt=Prompt.style(info.prompt_style))
-    answer = engine.run([Request(args.query, args.k)])[0]
+    ranker = None if args.ranker == "model" else ranker_for(artifact, source, args.fused_weights)
+    engine = Engine(model, tokenizer, artifact, prompt=Prompt.style(info.prompt_style), ranker=ranker)
+    answer = engine.run([Request(args.query, args.k, ranker=args.ranker)])[0]
     body = response(answer, artifact)
     if args.json:
         print(json.dumps(body, ensure_ascii=False))
@@ -210,7 +214,7 @@ def _serve(args: argparse.Namespace) -> int:
         prefilter[name or None] = int(n)
     serve(registries=args.registry or [CATALOG_PATH], model=args.model, adapter=not args.base, tokenizer=args.tokenizer,
           host=args.host, port=args.port, limits=limits, policy=args.policy, prefilter=prefilter, dtype=args.dtype,
-          separator=args.separator)
+          separator=args.separator, ranker=args.ranker, fused_weights=args.fused_weights)
     return 0
 
 

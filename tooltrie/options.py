@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import Any
 
 
 def separator_text(text: str) -> str:
@@ -23,3 +24,40 @@ def add_separator_option(command: argparse.ArgumentParser, *, default: str | Non
     command.add_argument("--separator", type=separator_text, default=default,
                          help=f"the contract's separator{where}; \\n, \\t and \\\\ are read as escapes "
                               "(default: ', ')")
+
+
+def fused_weights(text: str) -> Any:
+    """``--fused-weights MODEL,RETRIEVAL``: how much the model's scores and the retrieval similarity count."""
+    from tooltrie.ranker import Weights
+
+    try:
+        model, retrieval = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MODEL,RETRIEVAL (two numbers), got {text!r}") from None
+    return Weights(model=model, retrieval=retrieval)
+
+
+def add_ranker_options(command: argparse.ArgumentParser, *, what: str = "the") -> None:
+    """``--ranker`` and ``--fused-weights`` (names kept in step with ``tooltrie/ranker.py``)."""
+    from tooltrie.ranker import RANKERS, UNTRAINED
+
+    command.add_argument("--ranker", choices=RANKERS, default="model",
+                         help=f"what {what} answers rank by: the model, retrieval (all-MiniLM-L6-v2 similarity) or "
+                              "both fused inside the decode (default: model)")
+    command.add_argument("--fused-weights", type=fused_weights, default=UNTRAINED, metavar="MODEL,RETRIEVAL",
+                         help=f"the fused ranker's weights (default: {UNTRAINED.model:g},{UNTRAINED.retrieval:g}, "
+                              "retrieval leading, for a model not trained on the registry)")
+
+
+def ranker_for(artifact: Any, source: Any, weights: Any) -> Any:
+    """The ``Ranker`` of an artifact. The tools' embeddings are kept beside ``source`` when it is a compiled
+    artifact, else in the compile cache (keyed by the registry's sha256)."""
+    from pathlib import Path
+
+    from tooltrie.compiler.cache import default_cache_dir
+    from tooltrie.compiler.sources import is_artifact
+    from tooltrie.ranker import Ranker, embeddings_path
+
+    beside = Path(source) if source is not None and is_artifact(source) else (
+        default_cache_dir() / f"{artifact.registry.sha256[:32]}.safetensors")
+    return Ranker(artifact.registry, fused=weights, embeddings_path=embeddings_path(beside))

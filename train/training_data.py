@@ -8,11 +8,11 @@ record per line::
                                                 # as the assistant turn closes it (e.g. "NewsTool<|im_end|>\\n")
      "prompt_ids": [int], "completion_ids": [int]}
 
-``prompt_ids`` is ``tokenizer.encode(prompt)``, what the engine feeds; ``completion_ids`` is the trie path of each tool
-followed by the stop token, what the engine emits. Each is checked before it is written: a ``TrieMatcher`` accepts
-every token and ends terminated, the ids decode to ``prompt``'s answer (``Contract.render``) plus the stop token, and
-the completion text starts with exactly that. A label the trie cannot express (unknown tool, repeats, wrong k) is a
-``DatasetError`` naming file:line.
+``prompt_ids`` is ``Prompt.ids`` (the prompt tokenized whole, the query as plain text), what the engine feeds;
+``completion_ids`` is the trie path of each tool followed by the stop token, what the engine emits. Each is checked
+before it is written: a ``TrieMatcher`` accepts every token and ends terminated, the ids decode to ``prompt``'s
+answer (``Contract.render``) plus the stop token, and the completion text starts with exactly that. A label the
+trie cannot express (unknown tool, repeats, wrong k) is a ``DatasetError`` naming file:line.
 
 Sources: the registry's own ``examples`` and (by default) each tool's description as a query for that tool, both for
 train only, and labelled query sets: a bundled set's fixed train and validation splits, or a user file split with
@@ -110,7 +110,8 @@ class RecordMaker:
         prompt, completion = self.prompt.training_text(registry, contract, item.query, item.tools)
         completion_ids = self.completion_ids(item, completion)
         return {"query": item.query, "tools": list(item.tools), "k": item.k, "prompt": prompt,
-                "completion": completion, "prompt_ids": self.tokenizer.encode(prompt),
+                "completion": completion,
+                "prompt_ids": self.prompt.ids(self.tokenizer, registry, contract, item.query, item.k),
                 "completion_ids": completion_ids}
 
     def completion_ids(self, item: LabelledQuery, completion: str) -> list[int]:

@@ -1,0 +1,152 @@
+"""What the constrained decode ranks tools by: the model, a retrieval prior, or both fused.
+
+- ``model``: the model's scores alone (what an adapter trained on the registry knows);
+- ``retrieval``: each tool's embedding similarity to the query alone (all-MiniLM-L6-v2 over "name: description",
+  ``tooltrie/retrieval.py``): the answer is retrieval's top k, best first;
+- ``fused``: ``model * score + retrieval * similarity`` for each legal token, the similarity being the best among
+  the unused allowed tools below the token's edge (``kernels/walk.py``). Never a hard filter: every tool stays
+  reachable, the prior only tips the model's choices.
+
+>>> ranker = Ranker(load_registry(CATALOG_PATH), fused=Weights(model=1.0, retrieval=20.0))  # doctest: +SKIP
+>>> prior, model_weight, used = ranker.row("What will the weather be in Paris?", "fused")  # doctest: +SKIP
+
+The tools' embeddings are computed once per registry version and kept in a file beside the artifact
+(``embeddings_path``), keyed by the registry's sha256 and the encoder.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tooltrie.errors import TooltrieError
+
+if TYPE_CHECKING:  # numpy is imported where it is used: the CLI reads this module's names to build its options
+    import numpy as np
+    import numpy.typing as npt
+
+    from tooltrie.registry.model import Registry
+
+RANKERS = ("model", "retrieval", "fused")
+ENCODER = "all-MiniLM-L6-v2"
+
+
+class RankerError(TooltrieError, ValueError):
+    """An unknown ranker, or one that needs the retrieval model where there is none."""
+
+
+@dataclass(frozen=True)
+class Weights:
+    """How much each evidence counts: the model's scores (its logits) and the retrieval similarity (cosine)."""
+
+    model: float
+    retrieval: float
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+MODEL_ONLY, RETRIEVAL_ONLY = Weights(1.0, 0.0), Weights(0.0, 1.0)
+# For a model that was never trained on the registry the prior leads: a similarity gap of 0.05 outweighs a
+# logit gap of 1. Chosen on BFCL's validation split with the bundled adapter (docs/benchmarks.md).
+UNTRAINED = Weights(model=1.0, retrieval=20.0)
+
+
+def check_ranker(name: str, *, where: str = "request") -> str:
+    if name not in RANKERS:
+        raise RankerError(f"{where}: unknown ranker {name!r}; choose one of {', '.join(RANKERS)}")
+    return name
+
+
+class Ranker:
+    """Per-request priors for a registry: the rows the decode's fused ranker reads (``TrieBatch.add``)."""
+
+    def __init__(self, registry: Registry, *, fused: Weights = UNTRAINED, embeddings_path: str | Path | None = None,
+                 encoder: Any = None) -> None:
+        self.registry, self.fused, self._encoder = registry, fused, encoder
+        self.embeddings_path = None if embeddings_path is None else Path(embeddings_path)
+
+    def weights(self, name: str) -> Weights:
+        return {"model": MODEL_ONLY, "retrieval": RETRIEVAL_ONLY, "fused": self.fused}[check_ranker(name)]
+
+    def row(self, query: str, name: str) -> tuple[npt.NDArray[np.float32] | None, float, Weights]:
+        """(each tool's prior, already weighted, or None; the model's weight; the weights used)."""
+        weights = self.weights(name)
+        if weights.retrieval == 0:
+            return None, weights.model, weights
+        similarity = self.similarities([query])[0]
+        return (weights.retrieval * similarity).astype("float32"), weights.model, weights
+
+    def similarities(self, queries: list[str]) -> npt.NDArray[np.float32]:
+        """[len(queries), tools] cosine similarities of the queries to the tools' "name: description"."""
+        query_embeddings = self.encoder.encode(queries).numpy()
+        result: npt.NDArray[np.float32] = (query_embeddings @ self.tool_embeddings.T).astype("float32")
+        return result
+
+    @cached_property
+    def encoder(self) -> Any:
+        from tooltrie.retrieval import SentenceEncoder
+
+        return self._encoder or SentenceEncoder()
+
+    @cached_property
+    def tool_embeddings(self) -> npt.NDArray[np.float32]:
+        """The tools' embeddings: read from ``embeddings_path`` when it holds this registry's, else computed (and
+        written there)."""
+        from tooltrie.retrieval import tool_text
+
+        cached = _read_embeddings(self.embeddings_path, self.registry.sha256)
+        if cached is not None:
+            return cached
+        texts = [tool_text(t.name, t.description) for t in self.registry.tools]
+        embeddings: npt.NDArray[np.float32] = self.encoder.encode(texts).numpy().astype("float32")
+        if self.embeddings_path is not None:
+            _write_embeddings(self.embeddings_path, embeddings, self.registry.sha256)
+        return embeddings
+
+
+def embeddings_path(artifact_path: str | Path) -> Path:
+    """Where the tools' embeddings of an artifact are kept: beside it."""
+    path = Path(artifact_path)
+    return path.with_name(path.name.removesuffix(".safetensors") + ".embeddings.safetensors")
+
+
+def _read_embeddings(path: Path | None, registry_sha256: str) -> npt.NDArray[np.float32] | None:
+    if path is None or not path.is_file():
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="numpy") as f:  # type: ignore[no-untyped-call]
+            meta = f.metadata() or {}
+            if meta.get("registry_sha256") != registry_sha256 or meta.get("encoder") != ENCODER:
+                return None  # another registry version or encoder: computed afresh
+            embeddings: npt.NDArray[np.float32] = f.get_tensor("embeddings")
+            return embeddings
+    except Exception:  # a damaged cache file is recomputed, never trusted
+        return None
+
+
+def _write_embeddings(path: Path, embeddings: npt.NDArray[np.float32], registry_sha256: str) -> None:
+    """Atomically: a reader sees the old file or the whole new one."""
+    import numpy as np
+    from safetensors.numpy import save
+
+    blob = save({"embeddings": np.ascontiguousarray(embeddings)},
+                metadata={"registry_sha256": registry_sha256, "encoder": ENCODER})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(blob)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+__all__ = ["RANKERS", "Ranker", "RankerError", "Weights", "check_ranker", "embeddings_path"]
