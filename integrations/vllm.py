@@ -27,9 +27,11 @@ This module imports vLLM; import it only where vLLM is installed (``pip install 
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any
 
+import numpy as np
 import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
@@ -157,9 +159,9 @@ class TrieVllmProcessorV1(V1LogitsProcessor):  # type: ignore[misc,unused-ignore
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.rows:
             return logits
-        rows = [index if index in self.rows else -1 for index in range(logits.shape[0])]
-        new_tokens = [self.rows[row][self.state.fed[row]:] if row >= 0 else [] for row in rows]
-        return self.state.apply(logits, rows, new_tokens)
+        n_rows = logits.shape[0]
+        outputs = list(map(self.rows.get, range(n_rows), itertools.repeat((), n_rows)))  # (): not ours, nothing new
+        return self.state.apply(logits, np.arange(n_rows), self.state.unfed(outputs))
 
 
 __all__ = ["EXTRA_ARGS_KEY", "ArtifactRows", "RequestArgs", "TrieVllmProcessor", "TrieVllmProcessorV1", "load_artifact",

@@ -4,15 +4,19 @@ adapters (``integrations/vllm.py``) share. Importable (and tested) where vLLM is
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from tooltrie.compiler.artifact import Artifact
-from tooltrie.kernels.batch import TrieBatch
+from tooltrie.kernels.batch import TrieBatch, ragged_ids
 from tooltrie.kernels.state import check_k
 
 EXTRA_ARGS_KEY = "tooltrie"
@@ -50,13 +54,17 @@ def load_artifact(path: str) -> Artifact:
 
 class ArtifactRows:
     """The rows of vLLM's batch that carry our arguments: one ``TrieBatch`` per artifact, whose rows keep vLLM's
-    row numbers (V1 batch indices, V2 slots). ``fed[row]`` counts the output tokens the row has accepted."""
+    row numbers (V1 batch indices, V2 slots). ``fed[row]`` counts the output tokens the row has accepted (0 for rows
+    that are not ours)."""
 
     def __init__(self, device: torch.device | str | None) -> None:
         self.backend = "cuda" if torch.device(device or "cpu").type == "cuda" else "cpu"
         self.batches: dict[str, TrieBatch] = {}
         self.args: dict[int, RequestArgs] = {}
-        self.fed: dict[int, int] = {}
+        self.fed = np.zeros(16, dtype=np.int64)
+        # Per artifact, vLLM row -> its batch row (the same number; -1: not this artifact's), with one more entry,
+        # -1, at the end, so that row -1 (NumPy's last entry) maps to -1: a step maps its rows with one gather.
+        self.owners: dict[str, npt.NDArray[np.int32]] = {}
 
     def __contains__(self, row: int) -> bool:
         return row in self.args
@@ -68,19 +76,21 @@ class ArtifactRows:
         if batch is None:
             batch = self.batches[args.artifact] = TrieBatch(load_artifact(args.artifact), backend=self.backend,
                                                             capacity=max(16, row + 1))
+            self.owners[args.artifact] = np.full(len(self.fed) + 1, -1, dtype=np.int32)
         batch.add(row, args.k)
-        self.args[row], self.fed[row] = args, 0
+        self._set(row, args, 0)
 
     def remove(self, row: int) -> None:
-        args = self.args.pop(row, None)
-        self.fed.pop(row, None)
+        args = self.args.get(row)
+        self._set(row, None, 0)
         if args is not None:
             self.batches[args.artifact].remove(row)
 
     def move(self, source: int, target: int, *, swap: bool) -> None:
         """vLLM moved ``source``'s request to ``target`` (and, with ``swap``, ``target``'s to ``source``)."""
-        moving = self.args.pop(source, None), self.fed.pop(source, None)
-        displaced = self.args.pop(target, None), self.fed.pop(target, None)
+        if source == target:
+            return
+        moving, displaced = self._row(source), self._row(target)
         if swap and moving[0] is not None and displaced[0] is not None and (
                 moving[0].artifact == displaced[0].artifact):
             self.batches[moving[0].artifact].swap(source, target)
@@ -90,20 +100,48 @@ class ArtifactRows:
                 batch.move(target, source) if swap else batch.remove(target)
             if moving[0] is not None:
                 self.batches[moving[0].artifact].move(source, target)
-        if moving[0] is not None:
-            self.args[target], self.fed[target] = moving  # type: ignore[assignment]
-        if swap and displaced[0] is not None:
-            self.args[source], self.fed[source] = displaced  # type: ignore[assignment]
+        self._set(target, *moving)
+        self._set(source, *(displaced if swap else (None, 0)))
 
-    def apply(self, logits: torch.Tensor, rows: Sequence[int], new_tokens: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Logits row i belongs to vLLM row ``rows[i]`` (-1: none of ours) and brings it ``new_tokens[i]``: accept
-        them, then mask, one call each per artifact."""
-        for tokens, row in zip(new_tokens, rows, strict=True):
-            if row >= 0:
-                self.fed[row] += len(tokens)
-        for path, batch in self.batches.items():
-            mine = [row if row >= 0 and self.args[row].artifact == path else -1 for row in rows]
-            if any(row >= 0 for row in mine):
-                batch.accept(new_tokens, mine)
-                batch.mask_logits_(logits, mine)
+    def apply(self, logits: torch.Tensor, rows: Sequence[int] | npt.NDArray[np.integer],
+              new_tokens: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Logits row i belongs to vLLM row ``rows[i]`` (-1 or a row that is not ours: left alone) and brings it
+        ``new_tokens[i]``: accept them, then mask, one call each per artifact, with no Python loop over rows."""
+        tokens, lengths = ragged_ids(new_tokens)
+        vllm_rows = np.asarray(rows, dtype=np.int32).reshape(-1)
+        self._grow(int(vllm_rows.max(initial=-1)) + 1)
+        for path, owner in self.owners.items():
+            mine = owner[vllm_rows]  # -1 stays -1: an owner table ends with -1
+            ours = mine >= 0
+            if ours.any():
+                self.fed[mine[ours]] += lengths[ours]
+                self.batches[path].accept(tokens, mine, lengths=lengths)
+                self.batches[path].mask_logits_(logits, mine)
         return logits
+
+    def unfed(self, outputs: Sequence[Sequence[int]]) -> list[Sequence[int]]:
+        """Row i's output tokens past those it has accepted, from its whole output list ``outputs[i]``."""
+        self._grow(len(outputs))
+        starts = self.fed[: len(outputs)].tolist()
+        return list(map(operator.getitem, outputs, map(slice, starts, itertools.repeat(None))))
+
+    def _row(self, row: int) -> tuple[RequestArgs | None, int]:
+        return self.args.get(row), int(self.fed[row]) if row < len(self.fed) else 0
+
+    def _set(self, row: int, args: RequestArgs | None, fed: int) -> None:
+        """Row ``row`` holds ``args``' request (None: none of ours), which has accepted ``fed`` tokens."""
+        if args is None:
+            self.args.pop(row, None)
+        else:
+            self.args[row] = args
+        self._grow(row + 1)
+        self.fed[row] = fed
+        for path, owner in self.owners.items():
+            owner[row] = row if args is not None and args.artifact == path else -1
+
+    def _grow(self, size: int) -> None:
+        if size > len(self.fed):
+            extra = max(size, 2 * len(self.fed)) - len(self.fed)
+            self.fed = np.concatenate([self.fed, np.zeros(extra, np.int64)])
+            for path, owner in self.owners.items():
+                self.owners[path] = np.concatenate([owner, np.full(extra, -1, np.int32)])

@@ -213,12 +213,8 @@ class TrieBatch:
             counts = np.full(len(ids), ids.shape[1], np.int32) if lengths is None else np.asarray(lengths, np.int32)
             if counts.shape != (len(ids),) or (len(counts) and not 0 <= counts.min() <= counts.max() <= ids.shape[1]):
                 raise DecodeError(f"lengths {counts.tolist()} do not fit tokens of shape {tuple(ids.shape)}")
-        else:  # ragged: one flat array, scattered into the rows' places (no Python loop over rows)
-            counts = np.fromiter(map(len, tokens), dtype=np.int32, count=len(tokens))
-            flat = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int64, count=int(counts.sum()))
-            wide = np.zeros((len(tokens), int(counts.max(initial=0))), dtype=np.int64)
-            wide[np.arange(wide.shape[1]) < counts[:, None]] = flat
-            ids = _int32_ids(wide)
+        else:
+            ids, counts = ragged_ids(tokens)
         self.backend.accept(self.state, self._rows(rows, len(ids)), np.ascontiguousarray(ids), counts)
 
     def fill_bitmask(self, bitmask: Any, rows: Rows = None) -> None:
@@ -297,6 +293,16 @@ class TrieBatch:
         if width <= self.artifact.max_token_id:
             raise DecodeError(f"{width} columns, but the grammar uses token {self.artifact.max_token_id}: the mask "
                               "must span the tokenizer's vocabulary")
+
+
+def ragged_ids(tokens: Sequence[Sequence[int]]) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """Ragged per-row token lists as ``accept`` takes them in one call: an int32 array ``[n, longest]`` and each
+    row's length. One flat array, scattered into the rows' places (no Python loop over rows)."""
+    counts = np.fromiter(map(len, tokens), dtype=np.int32, count=len(tokens))
+    flat = np.fromiter(itertools.chain.from_iterable(tokens), dtype=np.int64, count=int(counts.sum()))
+    wide = np.zeros((len(tokens), int(counts.max(initial=0))), dtype=np.int64)
+    wide[np.arange(wide.shape[1]) < counts[:, None]] = flat
+    return _int32_ids(wide), counts
 
 
 def _int32_ids(tokens: npt.NDArray[np.integer]) -> npt.NDArray[np.int32]:

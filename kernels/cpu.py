@@ -129,14 +129,15 @@ def node_masks(artifact: Artifact, *, min_edges: int = 16, budget_bytes: int = 8
     return words, cached
 
 
-def logits_bits(logits: Any) -> tuple[npt.NDArray[Any], int]:
+def logits_bits(logits: Any) -> tuple[npt.NDArray[Any], np.integer[Any]]:
     """A writable integer view of CPU logits (float32, float16 or bfloat16; NumPy or torch) and the bit pattern of
-    -inf in their dtype: one mask routine for every float width."""
+    -inf in their dtype, an integer of the view's width (so the mask computes in that width: twice the vector lanes
+    of a Python int's int64): one mask routine for every float width."""
     if isinstance(logits, np.ndarray):
         if logits.dtype.name not in MINUS_INF_BITS:
             raise DecodeError(f"logits must be float32 or float16, got {logits.dtype}")
         int_type, minus_inf = MINUS_INF_BITS[logits.dtype.name]
-        return logits.view(int_type), minus_inf
+        return logits.view(int_type), int_type(minus_inf)
     import torch
 
     name = str(logits.dtype).removeprefix("torch.")
@@ -144,7 +145,7 @@ def logits_bits(logits: Any) -> tuple[npt.NDArray[Any], int]:
         raise DecodeError(f"the CPU backend masks float32/float16/bfloat16 CPU logits, got {logits.dtype} on "
                           f"{logits.device}")
     int_type, minus_inf = MINUS_INF_BITS[name]
-    return logits.view(torch.int32 if int_type is np.int32 else torch.int16).numpy(), minus_inf
+    return logits.view(torch.int32 if int_type is np.int32 else torch.int16).numpy(), int_type(minus_inf)
 
 
 def as_numpy_scores(values: Any) -> npt.NDArray[Any]:

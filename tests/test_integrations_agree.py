@@ -197,3 +197,30 @@ def test_a_recomputed_request_starts_over(artifacts: dict[str, Artifact], paths:
     logits = torch.zeros((1, vocab))
     rows.apply(logits, [0], [other[:2]])
     assert finite(logits[0]) == engine_rule(artifact, 2, other)[2]
+
+
+def test_many_rows_of_two_artifacts_keep_their_own_states_as_the_tables_grow(artifacts: dict[str, Artifact],
+                                                                             paths: dict[str, str]) -> None:
+    """Forty requests of two artifacts in rows 0..39 (past the row tables' first sizes), each fed its walk one
+    token a step in a shuffled layout, beside rows that are not ours (one given tokens it must ignore)."""
+    rng = random.Random(11)
+    names = ["small", "catalog"]
+    streams = {row: (names[row % 2], random_walk(artifacts[names[row % 2]], 2, rng)) for row in range(40)}
+    vocab = max(artifact.max_token_id for artifact in artifacts.values()) + 1
+    rows = ArtifactRows("cpu")
+    for row, (name, _) in streams.items():
+        rows.add(row, RequestArgs(paths[name], 2))
+    for step in range(max(len(stream) for _, stream in streams.values()) + 1):
+        layout = [*streams, 45, -1]
+        rng.shuffle(layout)
+        logits = torch.randn((len(layout), vocab))
+        original = logits.clone()
+        new = [streams[row][1][step - 1 : step] if row in streams else ([7] if row == 45 else []) for row in layout]
+        rows.apply(logits, layout, new)
+        for i, row in enumerate(layout):
+            if row not in streams:
+                assert torch.equal(logits[i], original[i])
+                continue
+            name, stream = streams[row]
+            assert finite(logits[i]) == engine_rule(artifacts[name], 2, stream)[min(step, len(stream))], (step, row)
+    assert rows.fed[45] == 0 and 45 not in rows

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -35,9 +35,11 @@ from tooltrie.compiler import Artifact, Contract, TokenizerInfo, compile_registr
 from tooltrie.errors import DecodeError
 from tooltrie.kernels import TrieBatch
 from tooltrie.kernels.bitmask import allocate_token_bitmask, allowed_tokens
+from tooltrie.kernels.cpu import logits_bits
 from tooltrie.kernels.reference import ReferenceBackend
 from tooltrie.kernels.rules import Slot, Status, advance, fail, legal_moves
 from tooltrie.kernels.state import DONE, ERROR, RUNNING
+from tooltrie.kernels.walk import mask_rows
 from tooltrie.registry import make_registry
 
 POOL = ["get", "get_user", "get_user_id", "set", "setup", "a", "ab", "abc", "météo", "search", "search_web", "x"]
@@ -373,3 +375,31 @@ def test_accept_takes_ragged_lists_and_arrays_with_lengths_alike(artifacts: list
     np.testing.assert_array_equal(lists.state.table, arrays.state.table)
     with pytest.raises(DecodeError, match="lengths"):
         arrays.accept(array, lengths=np.array([5, 0, 0, 0, 0]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), dtype=st.sampled_from(["float32", "float16", "bfloat16"]),
+       n_words=st.integers(1, 5), extra_cols=st.integers(-31, 40))
+def test_the_compiled_mask_writes_minus_inf_exactly_where_the_bitmask_is_clear(
+        data: st.DataObject, dtype: str, n_words: int, extra_cols: int) -> None:
+    """``walk.mask_rows`` (word by word: fills, selects, skips) against the bitmask read bit by bit, for every float
+    width, rows left alone (-1), a last partial word and columns past the bitmask."""
+    import torch
+
+    n_cols = max(1, 32 * n_words + extra_cols)
+    words = st.sampled_from([0, -1]) | st.integers(-(2**31), 2**31 - 1)
+    bitmask = np.array(data.draw(st.lists(st.lists(words, min_size=n_words, max_size=n_words), min_size=1,
+                                          max_size=4)), dtype=np.int32)
+    rows = np.array(data.draw(st.lists(st.sampled_from([-1, 0]), min_size=len(bitmask), max_size=len(bitmask))),
+                    dtype=np.int32)
+    logits = torch.arange(1, len(bitmask) * n_cols + 1, dtype=torch.float32).reshape(len(bitmask), n_cols)
+    logits = logits.to(getattr(torch, dtype))
+    masked = logits.clone()
+    view, minus_inf = logits_bits(masked)
+    mask_rows(bitmask, rows, view, minus_inf)
+    allowed = np.zeros((len(bitmask), n_cols), dtype=bool)
+    width = min(n_cols, 32 * n_words)
+    allowed[:, :width] = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :width]
+    allowed[rows < 0] = True
+    expected = torch.where(torch.from_numpy(allowed), logits, torch.tensor(-math.inf, dtype=logits.dtype))
+    assert torch.equal(masked, expected)
