@@ -106,11 +106,10 @@ def _registry_from_records(records: list[_Record], *, strict: bool, name: str, s
     if require_descriptions:
         found += [Problem.of(tool, "empty_description", "tool has no description")
                   for tool in tools if not tool.description.strip()]
-    if problems is None:
-        if found:
+    if found:
+        if problems is None:
             raise RegistryProblems(found, source=source)
-    else:
-        problems += found
+        problems += found  # reported with the compiler's own problems; the tools without any go on
         bad = {(problem.where, problem.tool) for problem in found}
         tools = [tool for tool in tools if (tool.where.removesuffix(f" {tool.name!r}"), tool.name) not in bad]
     return Registry(name=name, tools=tuple(tools), source=source)
