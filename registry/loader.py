@@ -33,7 +33,8 @@ _NATIVE_TOP_KEYS = frozenset({"name", "description", "source", "license", "tools
 _NATIVE_TOOL_KEYS = frozenset({"name", "description", "pointer", "tags", "examples"})
 _TEXT_FIELDS = ("name", "description", "pointer", "tags", "examples")
 _JSON_WHITESPACE = " \t\n\r"  # what json.loads skips around a value
-_scan_json = json.JSONDecoder().scan_once  # json.loads's own scanner: (value, end) of the value at an index
+# json.loads's own scanner: the (value, end) of the JSON value at an index (typeshed does not declare it).
+_scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 @dataclass(slots=True)
