@@ -96,6 +96,18 @@ class Artifact:
         return "constant" if self.trie.device_bytes <= budget else "global"
 
     def header(self) -> dict[str, Any]:
+        header = self._header_without_tools()
+        header["registry"]["tools"] = [tool.content() for tool in self.registry.tools]
+        return header
+
+    def header_json(self) -> str:
+        """``header()`` as JSON, its tools taken from the registry's canonical JSON (built once, hashed already):
+        no dict per tool and no generic encoder, half a second less at 100,000 tools."""
+        head = json.dumps(self._header_without_tools(), ensure_ascii=False)
+        assert head.endswith("}}"), "the registry is the header's last entry"
+        return f'{head[:-2]}, "tools": {self.registry.content_json}}}}}'
+
+    def _header_without_tools(self) -> dict[str, Any]:
         trie = self.trie
         return {
             "format": FORMAT,
@@ -104,8 +116,6 @@ class Artifact:
             "arrays_sha256": arrays_sha256(self.trie.arrays()),
             "contract": self.contract.to_dict(),
             "contract_sha256": self.contract.sha256,
-            "registry": {"name": self.registry.name, "source": self.registry.source, "sha256": self.registry.sha256,
-                         "tools": [tool.content() for tool in self.registry.tools]},
             "tokenizer": {"fingerprint": self.tokenizer_fingerprint, **self.tokenizer_meta},
             "split": {"left": self.split_left, "right": self.split_right},
             "trie": {"tools": trie.n_tools, "tries": trie.n_tries, "nodes": trie.n_nodes, "edges": trie.n_edges,
@@ -114,6 +124,8 @@ class Artifact:
                      "constant_memory_budget": CONSTANT_MEMORY_BUDGET,
                      "fits_constant_memory": self.placement() == "constant"},
             "verification": {"answers": self.stats.verified_answers, "tools": self.stats.verified_tools},
+            # Last, with its tools last: header_json appends them.
+            "registry": {"name": self.registry.name, "source": self.registry.source, "sha256": self.registry.sha256},
         }
 
     def summary(self) -> dict[str, Any]:
@@ -133,7 +145,7 @@ class Artifact:
         """Write atomically: a reader sees the old file or the whole new one, never half of it."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        blob = save(dict(self.trie.arrays()), metadata={_HEADER_KEY: json.dumps(self.header(), ensure_ascii=False)})
+        blob = save(dict(self.trie.arrays()), metadata={_HEADER_KEY: self.header_json()})
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as out:

@@ -202,18 +202,17 @@ def _verification_answers(names: list[str], split: Split, sample: int,
     n = len(names)
     by_length = sorted(range(n), key=lambda tool: len(names[tool]))
     shortest, runner_up = by_length[0], by_length[min(1, n - 1)]
-
-    def partner(tool: int) -> int:
-        return runner_up if tool == shortest else shortest
+    partner = [shortest] * n  # the shortest other name
+    partner[shortest] = runner_up
 
     order = rng.permutation(n).tolist()
     answers: list[tuple[int, ...]] = [
         (int(rng.integers(n)), *order[start : start + _CHAIN_LENGTH], int(rng.integers(n)))
         for start in range(0, n, _CHAIN_LENGTH)
     ]
-    answers += [(tool, partner(tool)) for tool in range(n)]
+    answers += zip(range(n), partner, strict=True)
     if split.left:
-        answers += [(partner(tool), tool) for tool in range(n)]
+        answers += zip(partner, range(n), strict=True)
     answers += [tuple(row) for row in rng.integers(0, n, size=(sample, 2)).tolist()]
     answers += [tuple(row) for row in rng.integers(0, n, size=(sample, 3)).tolist()]
     return [answers[i] for i in rng.permutation(len(answers))]

@@ -176,8 +176,7 @@ class TokenizerInfo:
                                                 add_special_tokens=False)[0].ids == [self.eos_id]
 
     def _encode_as_words(self, texts: list[str]) -> FlatPaths | None:
-        stop = self.eos_token
-        batches = [[word for text in texts[start : start + _WORDS_PER_BATCH] for word in (text, stop)]
+        batches = [_with_stops(texts[start : start + _WORDS_PER_BATCH], self.eos_token)
                    for start in range(0, len(texts), _WORDS_PER_BATCH)]
         encodings = self.tokenizer.encode_batch_fast(batches, is_pretokenized=True, add_special_tokens=False)
         ids = np.concatenate([np.array(encoding.ids, dtype=np.int64) for encoding in encodings])
@@ -200,6 +199,13 @@ class TokenizerInfo:
     def token_to_id(self, token: str) -> int | None:
         found = self.tokenizer.token_to_id(token)
         return None if found is None else int(found)
+
+
+def _with_stops(texts: list[str], stop: str) -> list[str]:
+    """Each text followed by ``stop`` (filled by slice assignment: no Python loop per text)."""
+    words = [stop] * (2 * len(texts))
+    words[::2] = texts
+    return words
 
 
 def fingerprint(text: str, eos: str, eos_id: int) -> str:

@@ -31,15 +31,18 @@ from tooltrie.registry.problems import Problem, RegistryProblems
 
 _NATIVE_TOP_KEYS = frozenset({"name", "description", "source", "license", "tools"})
 _NATIVE_TOOL_KEYS = frozenset({"name", "description", "pointer", "tags", "examples"})
+_TEXT_FIELDS = ("name", "description", "pointer", "tags", "examples")
+_JSON_WHITESPACE = " \t\n\r"  # what json.loads skips around a value
+# json.loads's own scanner: the (value, end) of the JSON value at an index (typeshed does not declare it).
+_scan_json = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Record:
-    """One raw tool entry and where it was found."""
+    """One raw tool entry and where it was found (a slotted class: a registry may hold 100,000 of them)."""
 
     fields: Any  # a mapping, for a well-formed entry
     where: str
-    strict: bool  # native YAML: unknown keys are errors
     refused: str | None = None  # why the entry is not a tool at all (then ``fields`` is None)
 
 
@@ -70,15 +73,16 @@ def load_registry(path: str | Path, *, name: str | None = None, problems: list[P
 def parse_registry(text: str, *, source: str, suffix: str, name: str, problems: list[Problem] | None = None,
                    require_descriptions: bool = False) -> Registry:
     """Parse registry text whose format is given by a file ``suffix`` (``.yaml``, ``.json``, ``.jsonl``)."""
-    if suffix in (".yaml", ".yml"):
+    strict = suffix in (".yaml", ".yml")  # native YAML: unknown keys are errors
+    if strict:
         records, name = _read_native_yaml(text, source, name)
     elif suffix == ".jsonl":
-        records = list(_read_jsonl(text, source))
+        records = _read_jsonl(text, source)
     elif suffix == ".json":
         records = list(_read_json(text, source))
     else:
         raise RegistryError(f"{source}: unknown registry format {suffix!r}: expected .yaml, .yml, .json or .jsonl")
-    return _registry_from_records(records, name=name, source=source, problems=problems,
+    return _registry_from_records(records, strict=strict, name=name, source=source, problems=problems,
                                   require_descriptions=require_descriptions)
 
 
@@ -88,26 +92,25 @@ def make_registry(entries: list[dict[str, Any]], *, name: str, source: str = "<i
     >>> make_registry([{"name": "get_weather"}, {"name": "get_user"}], name="demo").names
     ['get_weather', 'get_user']
     """
-    records = [_Record(fields=entry, where=f"{source} (tools[{i}])", strict=True) for i, entry in enumerate(entries)]
-    return _registry_from_records(records, name=name, source=source)
+    records = [_Record(entry, f"{source} (tools[{i}])") for i, entry in enumerate(entries)]
+    return _registry_from_records(records, strict=True, name=name, source=source)
 
 
-def _registry_from_records(records: list[_Record], *, name: str, source: str, problems: list[Problem] | None = None,
-                           require_descriptions: bool = False) -> Registry:
+def _registry_from_records(records: list[_Record], *, strict: bool, name: str, source: str,
+                           problems: list[Problem] | None = None, require_descriptions: bool = False) -> Registry:
     found: list[Problem] = []
     tools = [tool for record in records
-             if (tool := _tool_from_record(record, registry_name=name, problems=found)) is not None]
+             if (tool := _tool_from_record(record, strict=strict, registry_name=name, problems=found)) is not None]
     if not records:
         raise RegistryError(f"{source}: the registry has no tools")
     tools = _drop_duplicates(tools, found)
     if require_descriptions:
         found += [Problem.of(tool, "empty_description", "tool has no description")
                   for tool in tools if not tool.description.strip()]
-    if problems is None:
-        if found:
+    if found:
+        if problems is None:
             raise RegistryProblems(found, source=source)
-    else:
-        problems += found
+        problems += found  # reported with the compiler's own problems; the tools without any go on
         bad = {(problem.where, problem.tool) for problem in found}
         tools = [tool for tool in tools if (tool.where.removesuffix(f" {tool.name!r}"), tool.name) not in bad]
     return Registry(name=name, tools=tuple(tools), source=source)
@@ -135,7 +138,7 @@ def _read_native_yaml(text: str, source: str, name: str) -> tuple[list[_Record],
     if not isinstance(tools, list):
         raise RegistryError(f"{source}: 'tools' must be a list of tools, got {_kind(tools)}")
     tool_nodes = next(value for key, value in root.value if key.value == "tools").value  # type: ignore[union-attr]
-    records = [_Record(fields=raw, where=f"{source}:{node.start_mark.line + 1} (tools[{i}])", strict=True)
+    records = [_Record(raw, f"{source}:{node.start_mark.line + 1} (tools[{i}])")
                for i, (raw, node) in enumerate(zip(tools, tool_nodes, strict=True))]
     declared = data.get("name", name)
     if not isinstance(declared, str) or not declared:
@@ -170,17 +173,30 @@ def _refuse_duplicate_keys(node: yaml.Node, source: str) -> None:
         raise RegistryError(f"{source}:{line}: duplicate key {key.value!r} (first at line {first})")
 
 
-def _read_jsonl(text: str, source: str) -> Iterator[_Record]:
+def _read_jsonl(text: str, source: str) -> list[_Record]:
     # JSON lines end at "\n" only: str.splitlines() would also break inside strings at U+2028 and the like.
+    records = []
     for line_number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        where = f"{source}:{line_number}"
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise RegistryError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from None
-        yield _Record(fields=raw, where=where, strict=False)
+        if line.strip():
+            where = f"{source}:{line_number}"
+            records.append(_Record(_json_line(line, where), where))
+    return records
+
+
+def _json_line(line: str, where: str) -> Any:
+    """``json.loads(line)``, calling the decoder's scanner directly (json.loads costs three times as much per line
+    in Python around it); a line the scanner does not take whole goes to json.loads, which names the error."""
+    body = line.strip(_JSON_WHITESPACE)
+    try:
+        value, end = _scan_json(body, 0)
+        if end == len(body):
+            return value
+    except (StopIteration, json.JSONDecodeError):
+        pass
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise RegistryError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from None
 
 
 def _read_json(text: str, source: str) -> Iterator[_Record]:
@@ -201,70 +217,84 @@ def _read_json(text: str, source: str) -> Iterator[_Record]:
         where = f"{source} (tools[{i}])"
         if isinstance(entry, dict) and ("function" in entry or "type" in entry):  # OpenAI: {"type": "function", ...}
             if entry.get("type") != "function":
-                yield _Record(fields=None, where=where, strict=False,
-                              refused=f"OpenAI tool type must be 'function', got {entry.get('type')!r}")
+                yield _Record(None, where, refused=f"OpenAI tool type must be 'function', got {entry.get('type')!r}")
                 continue
             if not isinstance(entry.get("function"), dict):
-                yield _Record(fields=None, where=f"{where}.function", strict=False,
+                yield _Record(None, f"{where}.function",
                               refused=f"expected a mapping (an object), got {_kind(entry.get('function'))}")
                 continue
             entry = entry["function"]
-        yield _Record(fields=entry, where=where, strict=False)
+        yield _Record(entry, where)
 
 
-def _tool_from_record(record: _Record, *, registry_name: str, problems: list[Problem]) -> Tool | None:
-    """The tool of one entry, or None with the entry's problems appended to ``problems``."""
-    where = record.where
-    if record.refused is not None or not isinstance(record.fields, dict):
-        detail = record.refused or f"expected a mapping (an object), got {_kind(record.fields)}"
+def _tool_from_record(record: _Record, *, strict: bool, registry_name: str, problems: list[Problem]) -> Tool | None:
+    """The tool of one entry, or None with the entry's problems appended to ``problems``.
+
+    The usual entry passes each check in a C call or two (a printable name has no line break and no lone
+    surrogate; ASCII text is valid Unicode), so 100,000 plain entries cost little more than building their tools.
+    """
+    where, fields = record.where, record.fields
+    if record.refused is not None or not isinstance(fields, dict):
+        detail = record.refused or f"expected a mapping (an object), got {_kind(fields)}"
         problems.append(Problem("entry", where, None, detail))
         return None
-    fields = record.fields
     name = fields.get("name")
     if not isinstance(name, str):
         problems.append(Problem("entry", where, None, f"tool name must be a string, got {_kind(name)}"))
         return None
-    found: list[Problem] = []
-
-    def problem(cause: str, detail: str) -> None:
-        found.append(Problem(cause, where, name, detail))
-
-    if not name.strip():
-        problem("empty_name", "tool name is empty")
-    elif name != name.strip():
-        problem("whitespace", "tool name has leading or trailing whitespace")
-    if len((name + "x").splitlines()) > 1:  # \n, \r, U+2028, U+0085, ...
-        problem("line_break", "tool name contains a newline or another line break")
-    if record.strict:
+    found: list[tuple[str, str]] = []  # (cause, detail)
+    if not (name.isprintable() and name and name == name.strip()):  # printable: no line break, no surrogate
+        found += _name_problems(name)
+    if strict and not fields.keys() <= _NATIVE_TOOL_KEYS:
         unknown = sorted(set(map(str, fields)) - _NATIVE_TOOL_KEYS)
-        if unknown:
-            problem("entry", f"unknown key(s) {unknown}; allowed: {sorted(_NATIVE_TOOL_KEYS)}")
-    description = fields.get("description", "")
+        found.append(("entry", f"unknown key(s) {unknown}; allowed: {sorted(_NATIVE_TOOL_KEYS)}"))
+    description = fields.get("description")
     if description is None:
         description = ""
-    if not isinstance(description, str):
-        problem("entry", f"description must be a string, got {_kind(description)}")
+    elif not isinstance(description, str):
+        found.append(("entry", f"description must be a string, got {_kind(description)}"))
     pointer = fields.get("pointer", f"{registry_name}/{name}")
     if not isinstance(pointer, str) or not pointer.strip():
-        problem("entry", f"pointer must be a non-empty string, got {pointer!r}")
-    for field_name in ("name", "description", "pointer", "tags", "examples"):
-        for text in _texts(fields.get(field_name)):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                problem("entry", f"{field_name} is not valid Unicode (a lone surrogate?)")
-                break
+        found.append(("entry", f"pointer must be a non-empty string, got {pointer!r}"))
+    found += _unicode_problems(fields)
     lists = {}
     for field_name in ("tags", "examples"):
         try:
             lists[field_name] = _string_list(fields.get(field_name), field_name)
         except ValueError as exc:
-            problem("entry", str(exc))
+            found.append(("entry", str(exc)))
     if found:
-        problems += found
+        problems += [Problem(cause, where, name, detail) for cause, detail in found]
         return None
     return Tool(name=name, description=description, pointer=pointer, tags=lists["tags"], examples=lists["examples"],
                 where=f"{where} {name!r}")
+
+
+def _name_problems(name: str) -> list[tuple[str, str]]:
+    found = []
+    if not name.strip():
+        found.append(("empty_name", "tool name is empty"))
+    elif name != name.strip():
+        found.append(("whitespace", "tool name has leading or trailing whitespace"))
+    if len((name + "x").splitlines()) > 1:  # \n, \r, U+2028, U+0085, ...
+        found.append(("line_break", "tool name contains a newline or another line break"))
+    return found
+
+
+def _unicode_problems(fields: dict[str, Any]) -> list[tuple[str, str]]:
+    """One problem per text field holding a string that is not valid Unicode (a lone surrogate)."""
+    found = []
+    for field_name in _TEXT_FIELDS:
+        value = fields.get(field_name)
+        if value is None or (isinstance(value, str) and value.isascii()):  # the usual field: nothing to encode
+            continue
+        for text in _texts(value):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                found.append(("entry", f"{field_name} is not valid Unicode (a lone surrogate?)"))
+                break
+    return found
 
 
 def _drop_duplicates(tools: list[Tool], problems: list[Problem]) -> list[Tool]:

@@ -93,6 +93,9 @@ def test_header_fields(catalog_artifact: Artifact, saved_catalog_artifact: Path,
     assert trie["constant_memory_budget"] == CONSTANT_MEMORY_BUDGET
     assert header["split"] == {"left": catalog_artifact.split.left, "right": catalog_artifact.split.right}
     assert header["artifact_sha256"] == catalog_artifact.sha256
+    # The file's header is header() (written from the registry's canonical JSON, not from header()'s dicts).
+    assert header == catalog_artifact.header()
+    assert registry["tools"] == [tool.content() for tool in catalog.tools]
 
 
 def test_artifact_identity_depends_on_every_input(compiled: Callable[[str, str], Artifact], catalog: Registry,

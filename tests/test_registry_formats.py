@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -99,6 +101,55 @@ def test_registry_hash_changes_with_content() -> None:
     reordered = make_registry([*TOOLS[1:], TOOLS[0]], name="demo")
     hashes = [r.sha256 for r in (base, renamed, redescribed, reordered)]
     assert len(set(hashes)) == 4
+
+
+# The hashes the bundled registries had when content_json was json.dumps of content(): training data and the
+# shipped adapter record them, so the bytes hashed must never change.
+BUNDLED_SHA256 = {
+    "catalog": "d20b4ce4f718ae75f09b505957fd3e3c373642e2e00c9b46ed10a070e1fa3185",
+    "bfcl": "2a4bd23b60ec12c20305a9276a1b72f16e98617f706868f6d8871c2c9f8aa37b",
+}
+AWKWARD_TEXT = ["", "plain", "quote \" backslash \\ slash /", "tab\t nl\n cr\r", "\x00\x01\x1f\x7f", "é 日本 ☀️ 📧",
+                "\u2028\u2029\x85", "</script>", "&<>'"]
+
+
+def test_bundled_registry_hashes_never_change() -> None:
+    assert {"catalog": load_registry(CATALOG_PATH).sha256, "bfcl": load_registry(BFCL_PATH).sha256} == BUNDLED_SHA256
+
+
+@pytest.mark.parametrize("registry", [
+    pytest.param(lambda: load_registry(CATALOG_PATH), id="catalog"),
+    pytest.param(lambda: load_registry(BFCL_PATH), id="bfcl"),
+    pytest.param(lambda: make_registry(TOOLS, name="demo"), id="awkward-names"),
+    pytest.param(lambda: make_registry([
+        {"name": f"t{i}", "description": text, "pointer": f"p/{text}x", "tags": AWKWARD_TEXT[:i],
+         "examples": AWKWARD_TEXT[i:]} for i, text in enumerate(AWKWARD_TEXT)], name="awkward"), id="awkward-text"),
+])
+def test_content_json_is_json_dumps_of_the_content(registry: Callable[[], Registry]) -> None:
+    """The canonical JSON written without dicts is the one json.dumps gave before, byte for byte."""
+    loaded = registry()
+    assert loaded.content_json == json.dumps([tool.content() for tool in loaded.tools], sort_keys=True,
+                                             ensure_ascii=False)
+
+
+@pytest.mark.parametrize("line", [
+    '{"name": "a"}', ' \t{"name": "a"}\r', '{"name": "a", "tags": ["x", "y"], "n": 1.5e3, "z": null}', '"a"', "[1]",
+    "7", '{"name": "a"} x', '{"name": "a"}{"name": "b"}', '{"name": "a",}', '{"name": "a"', "\ufeff{}", "\x0c{}",
+    "{} \x0c", "nul", '{"a": "\\ud800"}', '{"a": "\x01"}',
+])
+def test_jsonl_lines_read_as_json_loads_reads_them(tmp_path: Path, line: str) -> None:
+    """JSONL lines go through json's scanner directly; what it accepts and what it refuses (with the message) is
+    json.loads's verdict on the line."""
+    from tooltrie.errors import RegistryError
+    from tooltrie.registry.loader import _json_line
+
+    try:
+        expected: object = json.loads(line)
+    except json.JSONDecodeError as exc:
+        with pytest.raises(RegistryError, match=re.escape(f"f:1: invalid JSON: {exc.msg} (column {exc.colno})")):
+            _json_line(line, "f:1")
+    else:
+        assert _json_line(line, "f:1") == expected
 
 
 def test_pointer_defaults_to_registry_name_slash_tool_name(tmp_path: Path) -> None:
