@@ -126,7 +126,9 @@ class TokenizerInfo:
         pieces: list[str | int] = []
         for i, part in enumerate(self._special_pattern.split(template)):
             if i % 2:
-                pieces.append(int(self.tokenizer.token_to_id(part)))
+                token = self.tokenizer.token_to_id(part)
+                assert token is not None  # the pattern holds the tokenizer's own special tokens only
+                pieces.append(token)
             elif part:
                 pieces.append(part)
         return pieces

@@ -23,7 +23,8 @@ TRIE_FIELDS = ("node_edge_start", "edge_token", "edge_child", "edge_tool_count",
                "phase_trie", "tool_path_start", "tool_path_edges")
 
 # The bit pattern of -inf in each float dtype, as an integer of the same width (a mask writes these).
-MINUS_INF_BITS = {"float32": (np.int32, -8388608), "float16": (np.int16, -1024), "bfloat16": (np.int16, -128)}
+MINUS_INF_BITS: dict[str, tuple[type[np.signedinteger[Any]], int]] = {
+    "float32": (np.int32, -8388608), "float16": (np.int16, -1024), "bfloat16": (np.int16, -128)}
 
 
 class Outputs:

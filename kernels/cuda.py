@@ -319,7 +319,7 @@ class CudaBackend:
         self.counts: Any = None
         self.allowed: Any = None
         self.ranker: Any = None
-        self._below: tuple[Any, Any] | None = None  # the trie's tools_below, on the device once a row is ranked
+        self._below: dict[bool, tuple[Any, Any]] = {}  # see _ranked
 
     # -- the state on the device ---------------------------------------------------------------------------------
 
@@ -406,13 +406,13 @@ class CudaBackend:
                      *self._ranked())
 
     def _ranked(self) -> tuple[Any, Any, Any]:
-        """The ranker and the trie's per-edge tool lists (``walk.edge_prior``), on the device."""
-        if self.ranker.shape[0] == 0:
-            return (self.ranker, *(cuda.to_device(a) for a in walk.no_ranker()[1:]))
-        if self._below is None:
-            self._below = tuple(cuda.to_device(a) for a in self.artifact.trie.tools_below())  # type: ignore[assignment]
-        assert self._below is not None
-        return (self.ranker, *self._below)
+        """The ranker and the trie's per-edge tool lists (``walk.edge_prior``; one-element stand-ins while no row
+        is ranked), on the device, copied once."""
+        ranked = self.ranker.shape[0] > 0
+        if ranked not in self._below:
+            start, tools = self.artifact.trie.tools_below() if ranked else walk.no_ranker()[1:]
+            self._below[ranked] = (cuda.to_device(start), cuda.to_device(tools))
+        return (self.ranker, *self._below[ranked])
 
     def subsets(self, allowed: Any) -> tuple[Any, Any]:
         """Per-row subsets counted on the device from a bitmap ``allowed [B, n_tools]`` (uint8, 1 = allowed): the

@@ -58,7 +58,8 @@ _jit: Any = (lambda function: function) if _AS_PYTHON else numba.njit(cache=_CAC
 # Batch entry points allocate nothing, so they compile without Numba's reference counting (``_nrt=False``): with
 # it, every inlined call that takes an array increments and decrements a count atomically, and those atomics were
 # most of a step's time (accept at batch 256: 53 µs with them, 5 µs without). ``next_runs`` allocates: it keeps them.
-_entry: Any = (lambda function: function) if _AS_PYTHON else numba.njit(cache=_CACHE, nogil=True, _nrt=False)
+_entry: Any = (lambda function: function) if _AS_PYTHON else numba.njit(  # type: ignore[call-overload]
+    cache=_CACHE, nogil=True, _nrt=False)
 _allocating_entry: Any = (lambda function: function) if _AS_PYTHON else numba.njit(cache=_CACHE, nogil=True)
 _variants = itertools.count()
 
