@@ -37,6 +37,7 @@ import torch
 
 from tooltrie.compiler import provenance
 from tooltrie.errors import ModelError
+from tooltrie.ranker import MODEL_ONLY, UNTRAINED, Weights
 from tooltrie.serve.adapter import AdapterError, AdapterRecord, is_adapter_dir, merge_adapter, read_adapter
 
 if TYPE_CHECKING:
@@ -228,6 +229,18 @@ def training_mismatch(info: ModelInfo, artifact: Artifact) -> str | None:
             f"still valid tools of this registry, but chosen by a model that does not know them; "
             f"`make train REGISTRY={where}` fixes it (then pass its adapter with --model), or --base answers with "
             f"the base model, which reads the tools' descriptions in its prompt")
+
+
+def fused_weights(info: ModelInfo, artifact: Artifact) -> Weights:
+    """The fused ranker's weights for ``info``'s model on ``artifact``. On the registry its adapter was trained on:
+    the adapter's own (``ranker.fused`` in its record, chosen on its validation split), else the model alone
+    (nothing measured says retrieval helps it there). Anywhere else ``UNTRAINED``: a model that does not know the
+    tools lets the retrieval prior lead."""
+    record = info.adapter
+    if record is None or training_mismatch(info, artifact) is not None:
+        return UNTRAINED
+    own = record.record.get("ranker", {}).get("fused")
+    return MODEL_ONLY if own is None else Weights(model=float(own["model"]), retrieval=float(own["retrieval"]))
 
 
 def load_gguf(gguf_path: str | Path) -> PreTrainedModel:

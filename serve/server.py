@@ -19,6 +19,7 @@ only (``check_open_binding``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import sys
@@ -33,7 +34,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tooltrie.ranker import UNTRAINED, Weights
+from tooltrie.ranker import Weights
 from tooltrie.serve.errors import QueueFullError, ServeError, UnauthorizedError, UnavailableError
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.mcp_tools import MCP_PATH, TENANT_SCOPE_KEY, mcp_server
@@ -300,18 +301,19 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
           host: str = "127.0.0.1", port: int = 8000, limits: ServeLimits | None = None,
           log_level: str = "info", policy: Path | None = None, prefilter: dict[str | None, int] | None = None,
           dtype: str = "auto", separator: str | None = None, ranker: str = "model",
-          fused_weights: Weights = UNTRAINED) -> None:
+          fused_weights: Weights | None = None) -> None:
     """``tooltrie serve``: load the model, compile (or take from the cache) each registry, and serve until
     interrupted. ``registries``: registry files or compiled artifacts (``separator``: the contract's for the files,
     None for the default). ``policy``: the tenants' file (None: open, on loopback only); ``prefilter``: the top N by
     retrieval per registry name (None as the name: every registry), each also the most a request may ask for;
     ``dtype``: a ``serve.model.DTYPE_NAMES`` entry; ``ranker`` and ``fused_weights``: what answers rank by unless a
-    request says (``tooltrie/ranker.py``)."""
+    request says (``tooltrie/ranker.py``; weights None: ``serve.model.fused_weights`` per registry)."""
     import uvicorn
     from transformers.utils import logging as transformers_logging
 
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.compiler.sources import registry_of
+    from tooltrie.serve.model import fused_weights as model_fused_weights
     from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
@@ -328,7 +330,8 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     service = DiscoveryService.from_paths(registries, loaded, TokenizerInfo.load(tokenizer or info.tokenizer),
                                           prompt=Prompt.style(info.prompt_style), limits=limits, policy=tenants,
                                           prefilter=Prefilter(rankers, limits=limits_n, unavailable=why),
-                                          separator=separator, ranker=ranker, fused=fused_weights)
+                                          separator=separator, ranker=ranker,
+                                          fused=fused_weights or functools.partial(model_fused_weights, info))
     for name in names:  # the model answers validly anyway, but may not know these tools
         mismatch = training_mismatch(info, service.served(name).artifact)
         if mismatch:

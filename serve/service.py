@@ -161,9 +161,10 @@ class DiscoveryService:
                  prompt: Prompt | None = None, limits: ServeLimits | None = None,
                  cache_dir: Path | None = None, policy: Policy | None = None,
                  prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
-                 fused: Weights = UNTRAINED, retrieval: bool | None = None) -> None:
+                 fused: Weights | Callable[[Artifact], Weights] = UNTRAINED, retrieval: bool | None = None) -> None:
         """``ranker``: what answers rank by unless a request says (``tooltrie/ranker.py``); ``fused``: the fused
-        ranker's weights; ``retrieval``: whether all-MiniLM-L6-v2 is there for the retrieval prior (None: look)."""
+        ranker's weights, or what gives them for a registry's artifact; ``retrieval``: whether all-MiniLM-L6-v2 is
+        there for the retrieval prior (None: look)."""
         if not registries:
             raise ValueError("a discovery service needs at least one registry")
         self.model, self.tokenizer = model, tokenizer
@@ -212,7 +213,7 @@ class DiscoveryService:
                    prompt: Prompt | None = None, limits: ServeLimits | None = None,
                    cache_dir: Path | None = None, policy: Policy | None = None,
                    prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
-                   fused: Weights = UNTRAINED) -> DiscoveryService:
+                   fused: Weights | Callable[[Artifact], Weights] = UNTRAINED) -> DiscoveryService:
         """Load and compile (or take from the compile cache) each registry file, or load each compiled artifact
         (``separator``: the contract's for the registry files)."""
         prompt = prompt or Prompt()
@@ -224,7 +225,8 @@ class DiscoveryService:
     def _engine(self, served: ServedRegistry) -> Engine:
         """The registry's engine, with its retrieval prior when the server has one (the tools embedded now when
         answers rank by it by default, else on the first request that asks)."""
-        ranker = ranker_for(served.artifact, served.path, self.fused) if self.retrieval else None
+        weights = self.fused(served.artifact) if callable(self.fused) else self.fused
+        ranker = ranker_for(served.artifact, served.path, weights) if self.retrieval else None
         if ranker is not None and self.ranker != "model":
             ranker.tool_embeddings  # noqa: B018  (computed or read back here, not inside the first request's step)
         return Engine(self.model, self.tokenizer, served.artifact, max_batch=self.limits.max_batch,

@@ -18,9 +18,17 @@ from typing import Any
 import pytest
 
 from tooltrie.compiler import TokenizerInfo, compile_registry
-from tooltrie.registry import CATALOG_PATH, load_registry
+from tooltrie.ranker import MODEL_ONLY, UNTRAINED, Weights
+from tooltrie.registry import CATALOG_PATH, load_registry, make_registry
 from tooltrie.serve.engine import Engine, Request
-from tooltrie.serve.model import DEFAULT_ADAPTER_DIR, bundled_adapter, load_model, serving_dtype, training_mismatch
+from tooltrie.serve.model import (
+    DEFAULT_ADAPTER_DIR,
+    bundled_adapter,
+    fused_weights,
+    load_model,
+    serving_dtype,
+    training_mismatch,
+)
 from tooltrie.serve.prompt import Prompt
 from tooltrie.train.command import add_train_command, settings_from_args
 
@@ -45,6 +53,17 @@ def test_the_default_was_trained_on_the_bundled_catalog(default: tuple[Any, Any]
     assert info.adapter is not None and info.prompt_style == "short"
     artifact = compile_registry(load_registry(CATALOG_PATH), TokenizerInfo.load(info.tokenizer))
     assert training_mismatch(info, artifact) is None
+
+
+def test_the_fused_weights_are_the_adapters_own_on_its_registry_and_retrieval_leads_elsewhere(
+        default: tuple[Any, Any]) -> None:
+    _, info = default
+    tokenizer = TokenizerInfo.load(info.tokenizer)
+    own = info.adapter.record.get("ranker", {}).get("fused")
+    expected = MODEL_ONLY if own is None else Weights(**own)
+    assert fused_weights(info, compile_registry(load_registry(CATALOG_PATH), tokenizer)) == expected
+    other = make_registry([{"name": "get_weather"}, {"name": "send_mail"}], name="elsewhere")
+    assert fused_weights(info, compile_registry(other, tokenizer)) == UNTRAINED
 
 
 def test_the_default_reproduces_its_held_out_answers(default: tuple[Any, Any]) -> None:

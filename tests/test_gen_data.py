@@ -20,6 +20,7 @@ from tooltrie.eval.datasets import DatasetError, LabelledQuery, load_split
 from tooltrie.kernels import TrieMatcher
 from tooltrie.serve.engine import Engine, Request
 from tooltrie.serve.prompt import Prompt
+from tooltrie.train.compose import task
 from tooltrie.train.training_data import RECORD_KEYS, RecordMaker, generate_training_data
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,8 +49,26 @@ def generated(catalog_artifact: Artifact, smollm: TokenizerInfo, tmp_path_factor
     queries = write_jsonl(folder / "mine.jsonl", USER_QUERIES * 3 + [
         {"query": f"which tool for task number {i}?", "tools": ["NotesTool"]} for i in range(8)])
     meta = generate_training_data(folder / "out", artifact=catalog_artifact, tokenizer=smollm,
-                                  queries=["metatool-multi", str(queries)], seed=3, validation_fraction=0.25)
+                                  queries=["metatool-multi", str(queries)], seed=3, validation_fraction=0.25,
+                                  compose=40)
     return folder / "out", meta
+
+
+def test_composed_requests_chain_distinct_tools_along_trie_paths(generated: tuple[Path, dict[str, Any]],
+                                                                 catalog_artifact: Artifact) -> None:
+    """The composed records went through the checks of every record (the test above); here: they are there, one
+    templated request per tool and 40 chains of 2 or 3 distinct tools, each named in the request's order."""
+    out, meta = generated
+    assert meta["compose"] == 40 and meta["counts"]["by_source"]["train"]["composed"] == 47 + 40
+    registry = catalog_artifact.registry
+    tasks = {tool.name: task(tool) for tool in registry.tools}
+    chains = [r for r in read_jsonl(out / "train.jsonl") if r["k"] > 1 and r["query"].lower().find(
+        tasks[r["tools"][0]].lower()) >= 0 and all(tasks[t].lower() in r["query"].lower() for t in r["tools"])]
+    assert len(chains) >= 40
+    for record in chains:
+        assert len(set(record["tools"])) == record["k"] in (2, 3)
+        places = [record["query"].lower().index(tasks[t].lower()) for t in record["tools"]]
+        assert places == sorted(places), record
 
 
 def test_records_have_the_format_and_verified_targets(generated: tuple[Path, dict[str, Any]],
@@ -66,7 +85,7 @@ def test_records_have_the_format_and_verified_targets(generated: tuple[Path, dic
             assert k == len(tools)
             assert (record["prompt"], record["completion"]) == prompt.training_text(registry, contract,
                                                                                    record["query"], tools)
-            assert record["prompt_ids"] == smollm.encode(record["prompt"])
+            assert record["prompt_ids"] == smollm.encode(record["prompt"])  # no special-token strings in these
             ids = record["completion_ids"]
             # the canonical encoding of the rendered answer, then the stop token
             assert ids == [*smollm.encode(contract.render(tools)), smollm.eos_id]

@@ -166,7 +166,7 @@ def _ask(args: argparse.Namespace) -> int:
     from tooltrie.options import ranker_for
     from tooltrie.registry import CATALOG_PATH
     from tooltrie.serve.engine import Engine, Request, response
-    from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
+    from tooltrie.serve.model import fused_weights, load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
     # The answer is the output: no weight-loading progress bars around it.
@@ -179,7 +179,8 @@ def _ask(args: argparse.Namespace) -> int:
     mismatch = training_mismatch(info, artifact)
     if mismatch:
         print(f"tooltrie ask: warning: {mismatch}", file=sys.stderr)
-    ranker = None if args.ranker == "model" else ranker_for(artifact, source, args.fused_weights)
+    weights = args.fused_weights or fused_weights(info, artifact)
+    ranker = None if args.ranker == "model" else ranker_for(artifact, source, weights)
     engine = Engine(model, tokenizer, artifact, prompt=Prompt.style(info.prompt_style), ranker=ranker)
     answer = engine.run([Request(args.query, args.k, ranker=args.ranker)])[0]
     body = response(answer, artifact)

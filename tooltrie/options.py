@@ -44,9 +44,9 @@ def add_ranker_options(command: argparse.ArgumentParser, *, what: str = "the") -
     command.add_argument("--ranker", choices=RANKERS, default="model",
                          help=f"what {what} answers rank by: the model, retrieval (all-MiniLM-L6-v2 similarity) or "
                               "both fused inside the decode (default: model)")
-    command.add_argument("--fused-weights", type=fused_weights, default=UNTRAINED, metavar="MODEL,RETRIEVAL",
-                         help=f"the fused ranker's weights (default: {UNTRAINED.model:g},{UNTRAINED.retrieval:g}, "
-                              "retrieval leading, for a model not trained on the registry)")
+    command.add_argument("--fused-weights", type=fused_weights, default=None, metavar="MODEL,RETRIEVAL",
+                         help="the fused ranker's weights (default: on the registry the adapter was trained on, "
+                              f"its own; elsewhere {UNTRAINED.model:g},{UNTRAINED.retrieval:g}: retrieval leading)")
 
 
 def ranker_for(artifact: Any, source: Any, weights: Any) -> Any:

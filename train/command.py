@@ -44,6 +44,9 @@ def add_gen_data_command(commands: Any) -> None:
     gen.add_argument("--validation-fraction", type=float, default=0.05, help="of a user file (default 0.05)")
     gen.add_argument("--no-descriptions", dest="descriptions", action="store_false",
                      help="leave out the tool descriptions as training queries")
+    gen.add_argument("--compose", type=int, default=0, metavar="N",
+                     help="add N multi-tool requests composed from the tools' descriptions, and a templated "
+                          "request per tool (for a registry without labelled queries; default 0)")
     gen.add_argument("-o", "--output", type=Path, required=True, help="directory to write (replaced atomically)")
     gen.set_defaults(run=_gen_data)
 
@@ -149,7 +152,7 @@ def _gen_data(args: argparse.Namespace) -> int:
     meta = generate_training_data(args.output, artifact=artifact, tokenizer=tokenizer, queries=queries,
                                   prompt_style=args.prompt_style, seed=args.seed,
                                   validation_fraction=args.validation_fraction, descriptions=args.descriptions,
-                                  exclude=args.exclude)
+                                  exclude=args.exclude, compose=args.compose)
     counts = meta["counts"]
     print(f"{args.output}: {counts['train']} train, {counts['validation']} validation records "
           f"({counts['dropped_held_out']} held-out texts dropped); registry {meta['registry']['name']}, "

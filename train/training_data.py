@@ -45,6 +45,7 @@ from tooltrie.eval.files import fresh_directory_beside, replace_directory, write
 from tooltrie.kernels.matcher import TrieMatcher
 from tooltrie.registry.model import Registry
 from tooltrie.serve.prompt import STYLES, Prompt
+from tooltrie.train.compose import composed_examples
 
 FORMAT = "tooltrie-training-data"
 FORMAT_VERSION = 1
@@ -73,13 +74,17 @@ def registry_examples(registry: Registry, *, descriptions: bool = True) -> list[
 
 
 def collect_sources(registry: Registry, queries: Sequence[str], *, seed: int = 0, validation_fraction: float = 0.05,
-                    descriptions: bool = True, exclude: Sequence[str | Path] = ()) -> Sources:
-    """Gather the examples: bundled sets by name (their fixed splits), user files by path (split with ``seed``)."""
+                    descriptions: bool = True, exclude: Sequence[str | Path] = (), compose: int = 0) -> Sources:
+    """Gather the examples: bundled sets by name (their fixed splits), user files by path (split with ``seed``);
+    with ``compose``, that many multi-tool requests composed from the registry's text (``train/compose.py``), and a
+    templated request per tool, for train."""
     withheld = set(held_out_hashes())
     for path in exclude:
         withheld |= {item.text_hash for item in load_queries(path)}
     train: list[tuple[str, LabelledQuery]] = [("registry", item) for item in registry_examples(
         registry, descriptions=descriptions)]
+    if compose:
+        train += [("composed", item) for item in composed_examples(registry, n_multi=compose, seed=seed)]
     validation: list[tuple[str, LabelledQuery]] = []
     for name in queries:
         if name in BUNDLED:
@@ -140,7 +145,7 @@ class RecordMaker:
 def generate_training_data(out_dir: str | Path, *, artifact: Artifact, tokenizer: TokenizerInfo,
                            queries: Sequence[str], prompt_style: str = "short", seed: int = 0,
                            validation_fraction: float = 0.05, descriptions: bool = True,
-                           exclude: Sequence[str | Path] = ()) -> dict[str, Any]:
+                           exclude: Sequence[str | Path] = (), compose: int = 0) -> dict[str, Any]:
     """Write ``train.jsonl``, ``validation.jsonl`` and ``meta.json`` into ``out_dir`` (replaced atomically);
     returns the meta object."""
     if prompt_style not in STYLES:
@@ -148,7 +153,7 @@ def generate_training_data(out_dir: str | Path, *, artifact: Artifact, tokenizer
     registry = artifact.registry
     prompt = Prompt.style(prompt_style)
     sources = collect_sources(registry, queries, seed=seed, validation_fraction=validation_fraction,
-                              descriptions=descriptions, exclude=exclude)
+                              descriptions=descriptions, exclude=exclude, compose=compose)
     maker = RecordMaker(artifact, tokenizer, prompt)
     splits: dict[str, list[dict[str, Any]]] = {}
     for split, items in (("train", sources.train), ("validation", sources.validation)):
@@ -158,6 +163,7 @@ def generate_training_data(out_dir: str | Path, *, artifact: Artifact, tokenizer
         splits[split] = records
     meta = _meta(artifact, tokenizer, prompt, prompt_style, queries, seed, validation_fraction, descriptions,
                  sources, splits)
+    meta["compose"] = compose
     tmp = fresh_directory_beside(out_dir)
     for split, records in splits.items():
         write_text(tmp / f"{split}.jsonl", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
