@@ -80,7 +80,7 @@ def _eval(args: argparse.Namespace) -> int:
     from tooltrie.eval.report import write_results
     from tooltrie.options import ranker_for
     from tooltrie.registry import CATALOG_PATH
-    from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
+    from tooltrie.serve.model import fused_weights, load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
@@ -102,17 +102,18 @@ def _eval(args: argparse.Namespace) -> int:
     style = args.prompt_style or info.prompt_style
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
     ranked = "fused" in arms or ("engine" in arms and args.ranker != "model")
+    weights = args.fused_weights or fused_weights(info, artifact)
     setup = EvalSetup(model=model, tokenizer=tokenizer, artifact=artifact, prompt=Prompt.style(style),
                       batch_size=args.batch, max_new_tokens=args.max_new_tokens, model_path=info.path,
                       artifact_path=args.artifact,
                       options={"ranker": args.ranker,
-                               "retrieval": ranker_for(artifact, args.artifact, args.fused_weights) if ranked
-                               else None})
+                               "retrieval": ranker_for(artifact, args.artifact or args.registry, weights)
+                               if ranked else None})
     meta = {"dataset": name if bundled else str(name), "split": split or ("test" if bundled else "all"),
             "model": info.name, "model_fingerprint": info.fingerprint, "dtype": str(info.dtype).removeprefix("torch."),
             "prompt_style": style, "limit": args.limit,
             "adapter": None if info.adapter is None else str(info.adapter.path),
-            "sample": args.sample, "ranker": args.ranker, "fused_weights": args.fused_weights.as_dict()}
+            "sample": args.sample, "ranker": args.ranker, "fused_weights": weights.as_dict()}
     results = evaluate(queries, arms, setup, meta=meta)
     paths = write_results(results, args.output, plots=args.plots)
     for arm, data in results["arms"].items():
