@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weights", default="20,50,100,200", help="retrieval weights to try (model weight 1)")
     parser.add_argument("--sample", type=int, default=None, help="N evenly spaced queries")
     parser.add_argument("--base", action="store_true", help="the base model without the bundled adapter")
+    parser.add_argument("--model", default=None, help="a model directory or adapter (default: the bundled one)")
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args(argv)
 
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     queries = load_split(name, split or "validation")
     if args.sample is not None and args.sample < len(queries):
         queries = [queries[i * len(queries) // args.sample] for i in range(args.sample)]
-    model, info = load_model(None, adapter=not args.base)
+    model, info = load_model(args.model, adapter=not args.base)
     tokenizer = TokenizerInfo.load(info.tokenizer)
     artifact = artifact_from(registry_path(name), tokenizer)
     weights = [float(w) for w in args.weights.split(",")]

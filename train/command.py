@@ -44,6 +44,8 @@ def add_gen_data_command(commands: Any) -> None:
     gen.add_argument("--validation-fraction", type=float, default=0.05, help="of a user file (default 0.05)")
     gen.add_argument("--no-descriptions", dest="descriptions", action="store_false",
                      help="leave out the tool descriptions as training queries")
+    gen.add_argument("--no-queries", action="store_true",
+                     help="the registry's own text only: no labelled queries, not even a bundled registry's sets")
     gen.add_argument("--compose", type=int, default=0, metavar="N",
                      help="add N multi-tool requests composed from the tools' descriptions, and a templated "
                           "request per tool (for a registry without labelled queries; default 0)")
@@ -146,7 +148,7 @@ def _gen_data(args: argparse.Namespace) -> int:
 
     tokenizer, artifact = registry_and_artifact(args.registry, args.artifact, args.tokenizer, CATALOG_PATH,
                                                 separator=args.separator)
-    queries = args.queries
+    queries = [] if args.no_queries else args.queries
     if queries is None:  # the bundled sets labelled over this registry, if it is a bundled one
         queries = [name for name in BUNDLED if _sha(registry_path(name)) == artifact.registry.sha256]
     meta = generate_training_data(args.output, artifact=artifact, tokenizer=tokenizer, queries=queries,
