@@ -38,7 +38,7 @@ def add_commands(commands: Any) -> None:
     ev.add_argument("--sample", type=int, default=None,
                     help="evaluate N evenly spaced queries (a test split is grouped by gold tool: this keeps them all)")
     ev.add_argument("--max-new-tokens", type=int, default=48, help="for unconstrained arms (default 48)")
-    add_ranker_options(ev, what="the engine arm's")
+    add_ranker_options(ev, what="the engine arm's", default="model")
     ev.add_argument("--no-plots", dest="plots", action="store_false")
     ev.add_argument("-o", "--output", type=Path, required=True, help="directory for results.json, report.md, PNGs")
     ev.set_defaults(run=_eval)

@@ -300,7 +300,7 @@ class _BodyLimit:
 def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool = True, tokenizer: str | None = None,
           host: str = "127.0.0.1", port: int = 8000, limits: ServeLimits | None = None,
           log_level: str = "info", policy: Path | None = None, prefilter: dict[str | None, int] | None = None,
-          dtype: str = "auto", separator: str | None = None, ranker: str = "model",
+          dtype: str = "auto", separator: str | None = None, ranker: str = "auto",
           fused_weights: Weights | None = None) -> None:
     """``tooltrie serve``: load the model, compile (or take from the cache) each registry, and serve until
     interrupted. ``registries``: registry files or compiled artifacts (``separator``: the contract's for the files,

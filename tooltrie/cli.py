@@ -164,6 +164,7 @@ def _ask(args: argparse.Namespace) -> int:
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.compiler.sources import artifact_from, registry_of
     from tooltrie.options import ranker_for
+    from tooltrie.ranker import default_ranker
     from tooltrie.registry import CATALOG_PATH
     from tooltrie.serve.engine import Engine, Request, response
     from tooltrie.serve.model import fused_weights, load_model, serving_dtype, training_mismatch
@@ -179,10 +180,11 @@ def _ask(args: argparse.Namespace) -> int:
     mismatch = training_mismatch(info, artifact)
     if mismatch:
         print(f"tooltrie ask: warning: {mismatch}", file=sys.stderr)
+    ranked = default_ranker() if args.ranker == "auto" else args.ranker
     weights = args.fused_weights or fused_weights(info, artifact)
-    ranker = None if args.ranker == "model" else ranker_for(artifact, source, weights)
+    ranker = None if ranked == "model" else ranker_for(artifact, source, weights)
     engine = Engine(model, tokenizer, artifact, prompt=Prompt.style(info.prompt_style), ranker=ranker)
-    answer = engine.run([Request(args.query, args.k, ranker=args.ranker)])[0]
+    answer = engine.run([Request(args.query, args.k, ranker=ranked)])[0]
     body = response(answer, artifact)
     if args.json:
         print(json.dumps(body, ensure_ascii=False))

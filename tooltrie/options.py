@@ -37,13 +37,14 @@ def fused_weights(text: str) -> Any:
     return Weights(model=model, retrieval=retrieval)
 
 
-def add_ranker_options(command: argparse.ArgumentParser, *, what: str = "the") -> None:
+def add_ranker_options(command: argparse.ArgumentParser, *, what: str = "the", default: str = "auto") -> None:
     """``--ranker`` and ``--fused-weights`` (names kept in step with ``tooltrie/ranker.py``)."""
     from tooltrie.ranker import RANKERS, UNTRAINED
 
-    command.add_argument("--ranker", choices=RANKERS, default="model",
+    auto = " (auto: fused where all-MiniLM-L6-v2 is installed, else model)" if default == "auto" else ""
+    command.add_argument("--ranker", choices=("auto", *RANKERS) if default == "auto" else RANKERS, default=default,
                          help=f"what {what} answers rank by: the model, retrieval (all-MiniLM-L6-v2 similarity) or "
-                              "both fused inside the decode (default: model)")
+                              f"both fused inside the decode (default: {default}{auto})")
     command.add_argument("--fused-weights", type=fused_weights, default=None, metavar="MODEL,RETRIEVAL",
                          help="the fused ranker's weights (default: on the registry the adapter was trained on, "
                               f"its own; elsewhere {UNTRAINED.model:g},{UNTRAINED.retrieval:g}: retrieval leading)")
