@@ -231,6 +231,13 @@ def training_mismatch(info: ModelInfo, artifact: Artifact) -> str | None:
             f"the base model, which reads the tools' descriptions in its prompt")
 
 
+def auto_ranker(info: ModelInfo, artifact: Artifact, *, retrieval: bool) -> str:
+    """What ``--ranker auto`` ranks ``artifact``'s answers by: the model alone on the registry its adapter was trained
+    on (it knows those tools), else the fused ranker where the retrieval model is installed (``retrieval``)."""
+    trained = info.adapter is not None and training_mismatch(info, artifact) is None
+    return "fused" if retrieval and not trained else "model"
+
+
 def fused_weights(info: ModelInfo, artifact: Artifact) -> Weights:
     """The fused ranker's weights for ``info``'s model on ``artifact``. On the registry its adapter was trained on:
     the adapter's own (``ranker.fused`` in its record, chosen on its validation split), else the model alone

