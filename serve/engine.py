@@ -43,7 +43,7 @@ from tooltrie.compiler.tokenizer_info import TokenizerInfo
 from tooltrie.errors import DecodeError
 from tooltrie.kernels.batch import TrieBatch
 from tooltrie.kernels.state import DONE, ERROR, check_k, check_subset
-from tooltrie.ranker import Ranker, RankerError, check_ranker
+from tooltrie.ranker import MODEL_ONLY, Ranker, RankerError, check_ranker
 from tooltrie.registry.subsets import select_tools
 from tooltrie.serve.decoder import Prefix, SharedPrefixDecoder
 from tooltrie.serve.prompt import Prompt
@@ -85,7 +85,7 @@ class Answer:
     prompt_tokens: int
     latency_ms: float
     speculated: int = 0  # decisions taken on a speculated run's hidden state, without a pass of their own
-    ranker: dict[str, float] = field(default_factory=lambda: {"model": 1.0, "retrieval": 0.0})  # the weights used
+    ranker: dict[str, float] = field(default_factory=MODEL_ONLY.as_dict)  # the weights its choices used
 
 
 @dataclass
@@ -108,7 +108,7 @@ class _Row:
     runs: list[tuple[int, ...]] = field(default_factory=list)  # speculated runs fed after the row in the last pass
     run_hidden: list[torch.Tensor] = field(default_factory=list)  # their last hidden states
     speculated: int = 0
-    ranker: dict[str, float] = field(default_factory=dict)  # the weights its choices used
+    ranker: dict[str, float] = field(default_factory=MODEL_ONLY.as_dict)  # the weights its choices use
 
 
 class Engine:
@@ -447,7 +447,7 @@ class Engine:
                       text=self.tokenizer.decode(ids), forward_passes=row.forward_passes,
                       decision_points=row.decision_points, prompt_tokens=row.prompt_tokens,
                       latency_ms=(time.perf_counter() - row.started) * 1e3, speculated=row.speculated,
-                      ranker=row.ranker or {"model": 1.0, "retrieval": 0.0})
+                      ranker=row.ranker)
 
 
 def _decision_head(head: torch.Tensor, backend: str) -> Any:
