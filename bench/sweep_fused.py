@@ -8,6 +8,7 @@ turns batch by batch). Prints a table and writes JSON (settings, machine, per-ar
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,8 @@ def weighted_arm(weight: float) -> type[FusedArm]:
         def __init__(self, setup: EvalSetup) -> None:
             from tooltrie.options import ranker_for
 
-            options = {**setup.options, "retrieval": ranker_for(setup.artifact, setup.artifact_path,
-                                                                Weights(model=1.0, retrieval=weight))}
-            super().__init__(EvalSetup(**{**setup.__dict__, "options": options}))
+            ranker = ranker_for(setup.artifact, setup.artifact_path, Weights(model=1.0, retrieval=weight))
+            super().__init__(dataclasses.replace(setup, options={**setup.options, "retrieval": ranker}))
 
     return Arm
 
