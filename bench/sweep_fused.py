@@ -15,7 +15,7 @@ from typing import Any
 
 from tooltrie.eval import backends
 from tooltrie.eval.backends import EvalSetup, FusedArm
-from tooltrie.ranker import Weights
+from tooltrie.ranker import Weights, ranker_for
 
 
 def weighted_arm(weight: float) -> type[FusedArm]:
@@ -25,8 +25,6 @@ def weighted_arm(weight: float) -> type[FusedArm]:
         name = f"fused-{weight:g}"
 
         def __init__(self, setup: EvalSetup) -> None:
-            from tooltrie.options import ranker_for
-
             ranker = ranker_for(setup.artifact, setup.artifact_path, Weights(model=1.0, retrieval=weight))
             super().__init__(dataclasses.replace(setup, options={**setup.options, "retrieval": ranker}))
 

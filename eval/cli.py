@@ -78,7 +78,7 @@ def _eval(args: argparse.Namespace) -> int:
     from tooltrie.eval.datasets import check_labels, load_split, registry_path
     from tooltrie.eval.harness import evaluate
     from tooltrie.eval.report import write_results
-    from tooltrie.options import ranker_for
+    from tooltrie.ranker import ranker_for
     from tooltrie.registry import CATALOG_PATH
     from tooltrie.serve.model import fused_weights, load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt

@@ -33,8 +33,7 @@ from typing import Any
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_cached, compile_registry
 from tooltrie.compiler.sources import artifact_from
 from tooltrie.errors import DecodeError, RegistryError, TooltrieError
-from tooltrie.options import ranker_for
-from tooltrie.ranker import UNTRAINED, RankerError, Weights, check_ranker
+from tooltrie.ranker import UNTRAINED, RankerError, Weights, check_ranker, ranker_for
 from tooltrie.registry import Registry, make_registry
 from tooltrie.retrieval import MINILM_REQUIREMENT, locate_minilm
 from tooltrie.serve.access import ToolView

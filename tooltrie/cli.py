@@ -163,7 +163,7 @@ def _ask(args: argparse.Namespace) -> int:
 
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.compiler.sources import artifact_from, registry_of
-    from tooltrie.options import ranker_for
+    from tooltrie.ranker import ranker_for
     from tooltrie.registry import CATALOG_PATH
     from tooltrie.retrieval import locate_minilm
     from tooltrie.serve.engine import Engine, Request, response

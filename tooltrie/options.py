@@ -50,16 +50,3 @@ def add_ranker_options(command: argparse.ArgumentParser, *, what: str = "the", d
                          help="the fused ranker's weights (default: on the registry the adapter was trained on, "
                               f"its own; elsewhere {UNTRAINED.model:g},{UNTRAINED.retrieval:g}: retrieval leading)")
 
-
-def ranker_for(artifact: Any, source: Any, weights: Any) -> Any:
-    """The ``Ranker`` of an artifact. The tools' embeddings are kept beside ``source`` when it is a compiled
-    artifact, else in the compile cache (keyed by the registry's sha256)."""
-    from pathlib import Path
-
-    from tooltrie.compiler.cache import default_cache_dir
-    from tooltrie.compiler.sources import is_artifact
-    from tooltrie.ranker import Ranker, embeddings_path
-
-    beside = Path(source) if source is not None and is_artifact(source) else (
-        default_cache_dir() / f"{artifact.registry.sha256[:32]}.safetensors")
-    return Ranker(artifact.registry, fused=weights, embeddings_path=embeddings_path(beside))

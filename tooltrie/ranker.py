@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # numpy is imported where it is used: the CLI reads this modu
     import numpy as np
     import numpy.typing as npt
 
+    from tooltrie.compiler.artifact import Artifact
     from tooltrie.registry.model import Registry
 
 RANKERS = ("model", "retrieval", "fused")
@@ -110,6 +111,17 @@ class Ranker:
         return embeddings
 
 
+def ranker_for(artifact: Artifact, source: str | Path | None, weights: Weights) -> Ranker:
+    """The ``Ranker`` of an artifact. The tools' embeddings are kept beside ``source`` when it is a compiled
+    artifact, else in the compile cache (keyed by the registry's sha256)."""
+    from tooltrie.compiler.cache import default_cache_dir
+    from tooltrie.compiler.sources import is_artifact
+
+    beside = Path(source) if source is not None and is_artifact(source) else (
+        default_cache_dir() / f"{artifact.registry.sha256[:32]}.safetensors")
+    return Ranker(artifact.registry, fused=weights, embeddings_path=embeddings_path(beside))
+
+
 def embeddings_path(artifact_path: str | Path) -> Path:
     """Where the tools' embeddings of an artifact are kept: beside it."""
     path = Path(artifact_path)
@@ -150,4 +162,4 @@ def _write_embeddings(path: Path, embeddings: npt.NDArray[np.float32], registry_
         raise
 
 
-__all__ = ["RANKERS", "Ranker", "RankerError", "Weights", "check_ranker", "embeddings_path"]
+__all__ = ["RANKERS", "Ranker", "RankerError", "Weights", "check_ranker", "embeddings_path", "ranker_for"]
