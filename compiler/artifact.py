@@ -143,21 +143,7 @@ class Artifact:
 
     def save(self, path: str | Path) -> Path:
         """Write atomically: a reader sees the old file or the whole new one, never half of it."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        blob = save(dict(self.trie.arrays()), metadata={_HEADER_KEY: self.header_json()})
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(blob)
-                out.flush()
-                os.fsync(out.fileno())
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; an artifact is as readable as any file
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_atomically(path, save(dict(self.trie.arrays()), metadata={_HEADER_KEY: self.header_json()}))
 
     @classmethod
     def load(cls, path: str | Path, *, tokenizer: TokenizerInfo | None = None, registry: Registry | None = None,
@@ -242,6 +228,24 @@ class Artifact:
             edges = self.trie.tool_path(int(self.trie.phase_trie[phase]), index[name])
             ids += self.trie.edge_token[edges].tolist()
         return ids
+
+
+def write_atomically(path: str | Path, blob: bytes) -> Path:
+    """Write ``blob`` to ``path`` so that a reader sees the old file or the whole new one, never half of it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(blob)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the file is as readable as any other
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
 
 
 def _umask() -> int:

@@ -16,8 +16,6 @@ The tools' embeddings are computed once per registry version and kept in a file 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -145,21 +143,13 @@ def _read_embeddings(path: Path | None, registry_sha256: str) -> npt.NDArray[np.
 
 
 def _write_embeddings(path: Path, embeddings: npt.NDArray[np.float32], registry_sha256: str) -> None:
-    """Atomically: a reader sees the old file or the whole new one."""
     import numpy as np
     from safetensors.numpy import save
 
-    blob = save({"embeddings": np.ascontiguousarray(embeddings)},
-                metadata={"registry_sha256": registry_sha256, "encoder": ENCODER})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(blob)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    from tooltrie.compiler.artifact import write_atomically
+
+    write_atomically(path, save({"embeddings": np.ascontiguousarray(embeddings)},
+                                metadata={"registry_sha256": registry_sha256, "encoder": ENCODER}))
 
 
 __all__ = ["RANKERS", "Ranker", "RankerError", "Weights", "check_ranker", "embeddings_path", "ranker_for"]
