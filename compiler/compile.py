@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -71,34 +72,41 @@ def compile_registry(
     contract = contract or Contract()
     names = registry.names
     show = len(names) >= PROGRESS_MIN_TOOLS if progress is None else progress
-    encoder = _Encoder(tokenizer, show)
-    bare = encoder.encode(names)
-    flat_ids, starts = bare.tokens.tolist(), bare.starts.tolist()
-    bare_lists = [flat_ids[a:b] for a, b in itertools.pairwise(starts)]  # for decoding, as lists
-    found = [*problems, *name_problems(registry, tokenizer, contract, bare_lists, bare)]
-    if found:
-        raise _problems_error(found, registry, tokenizer, contract, suggest=suggest)
-    if not names:
-        raise RegistryError(f"{registry.source or registry.name}: the registry has no tools")
+    splits = _split_candidates(contract.separator)
+    with _Encoder(tokenizer, names, show) as encoder:
+        encoder.phase_paths(splits[0])  # queued now: encoded while the bare names are checked
+        bare = encoder.affixed("", "").result()
+        flat_ids, starts = bare.tokens.tolist(), bare.starts.tolist()
+        bare_lists = [flat_ids[a:b] for a, b in itertools.pairwise(starts)]  # for decoding, as lists
+        found = [*problems, *name_problems(registry, tokenizer, contract, bare_lists, bare)]
+        if found:
+            raise _problems_error(found, registry, tokenizer, contract, suggest=suggest)
+        if not names:
+            raise RegistryError(f"{registry.source or registry.name}: the registry has no tools")
 
-    failures: dict[Split, str] = {}
-    for split in _split_candidates(contract.separator):
-        answers = _verification_answers(names, split, sample, np.random.default_rng(seed))
-        paths = _phase_paths(names, split, encoder, bare)
-        bad = _mismatches(answers[:_SCREEN_ANSWERS], names, paths, contract, encoder)
-        if not bad:
-            bad = _mismatches(answers, names, paths, contract, encoder)
-        if bad:
-            failures[split] = _describe_mismatches(bad, names, contract)
-            continue
-        trie = _build(paths, registry)
-        clash = _hop_clash(trie, registry)
-        if clash:
-            failures[split] = clash
-            continue
-        stats = CompileStats(verified_answers=len(answers), verified_tools=len(names))
-        return Artifact.create(registry=registry, tokenizer=tokenizer, contract=contract, split=split,
-                               trie=trie, stats=stats)
+        failures: dict[Split, str] = {}
+        for split in splits:
+            answers = _verification_answers(names, split, sample, np.random.default_rng(seed))
+            paths = {phase: job.result() for phase, job in encoder.phase_paths(split).items()}
+            screen = answers[:_SCREEN_ANSWERS]
+            bad = _mismatches(screen, _expected(screen, paths, len(names)),
+                              encoder.encode(_answer_texts(screen, names, contract)))
+            if not bad:
+                verifying = encoder.start(_answer_texts(answers, names, contract), "verifying")
+                expected = _expected(answers, paths, len(names))  # gathered while the tokenizer works
+                registry.sha256  # noqa: B018  (the artifact's identity, hashed meanwhile too)
+                bad = _mismatches(answers, expected, verifying.result())
+            if bad:
+                failures[split] = _describe_mismatches(bad, names, contract)
+                continue
+            trie = _build(paths, registry)
+            clash = _hop_clash(trie, registry)
+            if clash:
+                failures[split] = clash
+                continue
+            stats = CompileStats(verified_answers=len(answers), verified_tools=len(names))
+            return Artifact.create(registry=registry, tokenizer=tokenizer, contract=contract, split=split,
+                                   trie=trie, stats=stats)
     lines = [f"no split of the separator {contract.separator!r} lets {tokenizer.source} represent this registry:"]
     lines += [f"  split {split.left!r} | {split.right!r}: {why}" for split, why in failures.items()]
     raise CompileError("\n".join(lines))
@@ -219,15 +227,43 @@ def _verification_answers(names: list[str], split: Split, sample: int,
 
 
 class _Encoder:
-    """Batched, chunked encoding with an optional progress bar."""
+    """The registry's encodings, made on a thread of their own, in the order started: the Rust tokenizer releases
+    the GIL, so the compiler's Python work (checking names, gathering expected encodings, hashing) runs meanwhile.
+    Each affixed form of the names is encoded once and shared by the phases and splits that use it."""
 
-    def __init__(self, tokenizer: TokenizerInfo, show_progress: bool) -> None:
+    def __init__(self, tokenizer: TokenizerInfo, names: list[str], show_progress: bool) -> None:
         self.tokenizer = tokenizer
-        self.show_progress = show_progress
+        self.names = names
+        self.show_progress = show_progress and importlib.util.find_spec("tqdm") is not None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tooltrie-encode")
+        self._affixed: dict[tuple[str, str], Future[FlatPaths]] = {}
+
+    def __enter__(self) -> _Encoder:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._thread.shutdown(cancel_futures=True)
+
+    def start(self, texts: list[str], what: str = "tokenizing") -> Future[FlatPaths]:
+        return self._thread.submit(self._encode, texts, what)
 
     def encode(self, texts: list[str], what: str = "tokenizing") -> FlatPaths:
+        return self.start(texts, what).result()
+
+    def affixed(self, prefix: str, suffix: str) -> Future[FlatPaths]:
+        """Every name between ``prefix`` and ``suffix``, encoded."""
+        if (prefix, suffix) not in self._affixed:
+            texts = [prefix + name + suffix for name in self.names] if prefix or suffix else self.names
+            self._affixed[prefix, suffix] = self.start(texts, f"tokenizing {prefix + '<name>' + suffix!r}")
+        return self._affixed[prefix, suffix]
+
+    def phase_paths(self, split: Split) -> dict[int, Future[FlatPaths]]:
+        """Every tool's token path in each phase of ``split`` (phases with the same affixes share one object)."""
+        return {phase: self.affixed(*split.affixes(phase)) for phase in range(N_PHASES)}
+
+    def _encode(self, texts: list[str], what: str) -> FlatPaths:
         """The texts' ids concatenated, without a Python list or an encoding per text."""
-        if not self.show_progress or importlib.util.find_spec("tqdm") is None:
+        if not self.show_progress:
             return self.tokenizer.encode_flat(texts)
         from tqdm import tqdm
 
@@ -246,38 +282,19 @@ def _same_tokens_problem(tool: Tool, twin: Tool) -> Problem:
     return Problem.of(tool, "duplicate_path", f"tool name tokenizes exactly like {twin.name!r} ({twin.where}){hint}")
 
 
-def _phase_paths(names: list[str], split: Split, encoder: _Encoder, bare: FlatPaths) -> dict[int, FlatPaths]:
-    """Token paths of every tool in each phase (phases with the same affixes share one encoding; the bare names
-    are encoded already)."""
-    by_affix: dict[tuple[str, str], FlatPaths] = {("", ""): bare}
-    paths = {}
-    for phase in range(N_PHASES):
-        prefix, suffix = split.affixes(phase)
-        if (prefix, suffix) not in by_affix:
-            by_affix[prefix, suffix] = encoder.encode([prefix + name + suffix for name in names],
-                                                      what=f"tokenizing {prefix + '<name>' + suffix!r}")
-        paths[phase] = by_affix[prefix, suffix]
-    return paths
-
-
-def _mismatches(
-    answers: Sequence[tuple[int, ...]],
-    names: list[str],
-    paths: dict[int, FlatPaths],
-    contract: Contract,
-    encoder: _Encoder,
-) -> list[tuple[int, ...]]:
-    """The answers whose canonical encoding is not the concatenation of their tools' phase paths (compared as
-    flat arrays: one gather builds every expected encoding)."""
-    if not answers:
-        return []
+def _answer_texts(answers: Sequence[tuple[int, ...]], names: list[str], contract: Contract) -> list[str]:
+    """Each answer rendered as the model writes it."""
     tool_names = [names[tool] for answer in answers for tool in answer]
     bounds = np.cumsum([0, *map(len, answers)]).tolist()
-    actual = encoder.encode([contract.separator.join(tool_names[a:b]) for a, b in itertools.pairwise(bounds)],
-                            what="verifying")
+    return [contract.separator.join(tool_names[a:b]) for a, b in itertools.pairwise(bounds)]
+
+
+def _expected(answers: Sequence[tuple[int, ...]], paths: dict[int, FlatPaths], n_tools: int) -> FlatPaths:
+    """Each answer's encoding as the concatenation of its tools' phase paths (one gather for all of them)."""
+    if not answers:
+        return FlatPaths(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64))
     # The phase of every position: one table of paths, indexed by (distinct encoding, tool).
     tables, table_of_phase = _distinct(paths)
-    n_tools = len(names)
     table_tokens = np.concatenate([table.tokens for table in tables])
     table_starts = np.concatenate([table.starts[:-1] + offset for table, offset in
                                    zip(tables, np.cumsum([0] + [len(t.tokens) for t in tables]), strict=False)])
@@ -291,14 +308,22 @@ def _mismatches(
     key = np.asarray(table_of_phase)[position_phase] * n_tools + answer.tokens
     seg_start, seg_length = table_starts[key], table_lengths[key]
     expected_length = np.add.reduceat(seg_length, answer.starts[:-1])
-    expected = table_tokens[concat_ranges(seg_start, seg_length)]
-    same_length = expected_length == actual.lengths
+    return FlatPaths(table_tokens[concat_ranges(seg_start, seg_length)],
+                     np.concatenate([[0], np.cumsum(expected_length)]))
+
+
+def _mismatches(answers: Sequence[tuple[int, ...]], expected: FlatPaths, actual: FlatPaths) -> list[tuple[int, ...]]:
+    """The answers whose canonical encoding (``actual``) is not the concatenation of their tools' phase paths
+    (``expected``), compared as flat arrays."""
+    if not answers:
+        return []
+    same_length = expected.lengths == actual.lengths
     # Compare the answers of equal length token by token (their tokens line up once the others are dropped).
-    expected_owner = np.repeat(same_length, expected_length)
+    expected_owner = np.repeat(same_length, expected.lengths)
     actual_owner = np.repeat(same_length, actual.lengths)
     owner = np.repeat(np.arange(len(answers)), actual.lengths)[actual_owner]
     differs = np.zeros(len(answers), dtype=bool)
-    differs[owner[expected[expected_owner] != actual.tokens[actual_owner]]] = True
+    differs[owner[expected.tokens[expected_owner] != actual.tokens[actual_owner]]] = True
     return [answers[int(i)] for i in np.nonzero(differs | ~same_length)[0]]
 
 
