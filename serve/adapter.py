@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -35,6 +35,7 @@ __all__ = [
     "AdapterError",
     "AdapterRecord",
     "is_adapter_dir",
+    "low_rank_updates",
     "merge_adapter",
     "read_adapter",
     "write_adapter",
@@ -140,6 +141,31 @@ def merge_adapter(model: torch.nn.Module, record: AdapterRecord) -> int:
     Raises ``AdapterError`` when a named layer is missing or its shape does not fit: the adapter was trained on
     another model.
     """
+    updates = low_rank_updates(model, record)
+    threads = torch.get_num_threads()
+    # Rank-r products are too small to share: on a busy 2-core machine two threads wait on each other ~8 ms per
+    # layer, one thread takes ~0.3 ms.
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            for layer, (a, b) in updates.items():
+                weight = cast(torch.Tensor, layer.weight)
+                if weight.dtype == torch.float32:
+                    weight.addmm_(b, a)  # in place: no [out, in] temporaries
+                else:
+                    weight.copy_((weight.float() + b @ a).to(weight.dtype))
+    finally:
+        torch.set_num_threads(threads)
+    return len(updates)
+
+
+def low_rank_updates(model: torch.nn.Module,
+                     record: AdapterRecord) -> dict[torch.nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """The adapter as ``{linear layer of model: (A, scale * B)}`` in float32: the layer's update is ``B @ A``.
+
+    Raises ``AdapterError`` when a named layer is missing or its shape does not fit: the adapter was trained on
+    another model.
+    """
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -149,42 +175,26 @@ def merge_adapter(model: torch.nn.Module, record: AdapterRecord) -> int:
         tensors = load_file(record.path / ADAPTER_WEIGHTS_FILE)
     except (SafetensorError, OSError) as exc:
         raise AdapterError(f"{record.path / ADAPTER_WEIGHTS_FILE}: unreadable: {exc}") from exc
-    pairs = _pairs(tensors, record.path)
-    threads = torch.get_num_threads()
-    # Rank-r products are too small to share: on a busy 2-core machine two threads wait on each other ~8 ms per
-    # layer, one thread takes ~0.3 ms.
-    torch.set_num_threads(1)
-    try:
-        _merge_pairs(model, pairs, scale_of, record.path)
-    finally:
-        torch.set_num_threads(threads)
-    return len(pairs)
+    updates = {}
+    for module_name, (a, b) in sorted(_pairs(tensors, record.path).items()):
+        try:
+            layer = model.get_submodule(module_name)
+        except AttributeError as exc:
+            raise AdapterError(f"{record.path}: the model has no layer {module_name}; the adapter was trained "
+                               "on another model") from exc
+        weight = getattr(layer, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            raise AdapterError(f"{record.path}: {module_name} is not a linear layer")
+        rank = a.shape[0]
+        if a.dim() != 2 or b.dim() != 2 or b.shape[1] != rank or (b.shape[0], a.shape[1]) != weight.shape:
+            raise AdapterError(f"{record.path}: {module_name}: A {tuple(a.shape)} and B {tuple(b.shape)} do not "
+                               f"fit its weight {tuple(weight.shape)}; the adapter was trained on another model")
+        device = weight.device
+        updates[layer] = (a.to(device, torch.float32), b.to(device, torch.float32) * scale_of(module_name, rank))
+    return updates
 
 
 # --- internals -------------------------------------------------------------------------------------------------
-
-
-def _merge_pairs(model: torch.nn.Module, pairs: dict[str, tuple[torch.Tensor, torch.Tensor]], scale_of: Any,
-                 path: Path) -> None:
-    with torch.no_grad():
-        for module_name, (a, b) in sorted(pairs.items()):
-            try:
-                layer = model.get_submodule(module_name)
-            except AttributeError as exc:
-                raise AdapterError(f"{path}: the model has no layer {module_name}; the adapter was trained "
-                                   "on another model") from exc
-            weight = getattr(layer, "weight", None)
-            if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-                raise AdapterError(f"{path}: {module_name} is not a linear layer")
-            rank = a.shape[0]
-            if a.dim() != 2 or b.dim() != 2 or b.shape[1] != rank or (b.shape[0], a.shape[1]) != weight.shape:
-                raise AdapterError(f"{path}: {module_name}: A {tuple(a.shape)} and B {tuple(b.shape)} do not "
-                                   f"fit its weight {tuple(weight.shape)}; the adapter was trained on another model")
-            scale = scale_of(module_name, rank)
-            if weight.dtype == torch.float32:
-                weight.addmm_(b.float(), a.float(), alpha=scale)  # in place: no [out, in] temporaries
-            else:
-                weight.copy_((weight.float() + scale * (b.float() @ a.float())).to(weight.dtype))
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -25,12 +25,13 @@ sliding window).
 
 from __future__ import annotations
 
+import copy
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from itertools import accumulate
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +39,8 @@ import torch.nn.functional as F
 from tooltrie.errors import ModelError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+# A LoRA adapter as the decoder adds it: {linear layer: (A, scale * B)} (``serve.adapter.low_rank_updates``).
+LowRankUpdates = Mapping[Any, tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,11 @@ class SharedPrefixDecoder:
     times many rows, which the join would copy every layer) scores against the prefix and the tails are computed
     apart and normalised together."""
 
-    def __init__(self, model: Any, slots: int, *, capacity: int = 64, join_limit: int = 4096) -> None:
+    def __init__(self, model: Any, slots: int, *, capacity: int = 64, join_limit: int = 4096,
+                 adapter: LowRankUpdates | None = None) -> None:
+        """``adapter``: a LoRA adapter's updates of the model's linear layers (``serve.adapter.low_rank_updates``),
+        added to their outputs in each pass: the model's weights stay as they are, shared with every other decoder
+        on it."""
         config = model.config
         model_type = getattr(config, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES or getattr(config, "sliding_window", None):
@@ -73,7 +80,7 @@ class SharedPrefixDecoder:
                              f"sliding window); this model is {model_type!r}")
         decoder = model.get_decoder()
         self.embed, self.norm, self.rotary = decoder.embed_tokens, decoder.norm, decoder.rotary_emb
-        self.blocks = _blocks(decoder)
+        self.blocks = _blocks(decoder) if not adapter else [block.adapted(adapter) for block in _blocks(decoder)]
         attention = decoder.layers[0].self_attn
         self.head_dim = attention.head_dim
         self.heads = config.num_attention_heads
@@ -377,12 +384,45 @@ class _Linear:
              for layer, reorder in zip(layers, reorders, strict=True)])
         self.packed = _prepacked(weight)
         self.weight = weight if self.packed is None else None
+        self.layers, self.reorders, self.input_scale = list(layers), reorders, input_scale
+        self.low_rank: tuple[torch.Tensor, torch.Tensor] | None = None  # (A, B): x @ A.T @ B.T is added
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:
             assert self.weight is not None
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")  # type: ignore[no-any-return]
+            out = F.linear(x, self.weight, self.bias)
+        else:
+            out = cast(torch.Tensor, torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none",
+                                                                       [], ""))
+        if self.low_rank is not None:
+            a, b = self.low_rank
+            out = out + F.linear(F.linear(x, a), b)
+        return out
+
+    def adapted(self, updates: LowRankUpdates) -> _Linear:
+        """This projection plus the updates of its layers (itself when none has one), sharing its weight. Stacked
+        layers' updates stack too: their A's side by side, their B's block-diagonal, with the rows reordered and the
+        input scaled as the weight's are."""
+        found = [updates.get(layer) for layer in self.layers]
+        if not any(found):
+            return self
+        ranks = [0 if update is None else update[0].shape[0] for update in found]
+        a_stack = torch.zeros(sum(ranks), self.layers[0].in_features)
+        b_stack = torch.zeros(sum(layer.out_features for layer in self.layers), sum(ranks))
+        row = column = 0
+        for layer, update, rank, reorder in zip(self.layers, found, ranks, self.reorders, strict=True):
+            if update is not None:
+                a, b = update
+                a_stack[column : column + rank] = a.cpu()
+                b_stack[row : row + layer.out_features, column : column + rank] = (
+                    b.cpu() if reorder is None else reorder(b.cpu()))
+            row, column = row + layer.out_features, column + rank
+        if self.input_scale is not None:
+            a_stack = a_stack * self.input_scale.float().cpu()
+        weight = self.layers[0].weight
+        adapted = copy.copy(self)
+        adapted.low_rank = (a_stack.to(weight.device, weight.dtype), b_stack.to(weight.device, weight.dtype))
+        return adapted
 
 
 def _prepacked(weight: torch.Tensor) -> torch.Tensor | None:
@@ -418,6 +458,13 @@ class _Block:
         self.act = mlp.act_fn
         self.eps = layer.input_layernorm.variance_epsilon
         self.source = _identity(layer)
+
+    def adapted(self, updates: LowRankUpdates) -> _Block:
+        """This block with a LoRA adapter's updates added to its projections; the weights stay shared."""
+        adapted = copy.copy(self)
+        for name in ("qkv", "o", "gate_up", "down"):
+            setattr(adapted, name, getattr(self, name).adapted(updates))
+        return adapted
 
 
 def _identity(layer: Any) -> tuple[tuple[int, int], ...]:

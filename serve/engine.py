@@ -45,6 +45,7 @@ from tooltrie.kernels.batch import TrieBatch
 from tooltrie.kernels.state import DONE, ERROR, check_k, check_subset
 from tooltrie.ranker import MODEL_ONLY, Ranker, RankerError, check_ranker
 from tooltrie.registry.subsets import select_tools
+from tooltrie.serve.adapter import AdapterRecord, low_rank_updates
 from tooltrie.serve.decoder import Prefix, SharedPrefixDecoder
 from tooltrie.serve.prompt import Prompt
 
@@ -116,12 +117,13 @@ class Engine:
 
     ``model`` is a Hugging Face causal LM whose logits are ``lm_head(last hidden state)`` (Llama-style), with the
     tokenizer the artifact was compiled for. ``ranker`` gives the retrieval prior that requests asking for the
-    ``retrieval`` or ``fused`` ranker need.
+    ``retrieval`` or ``fused`` ranker need. ``adapter``: a LoRA adapter for this registry, trained on ``model`` as
+    it is (not merged into it: engines for other registries share the model's weights).
     """
 
     def __init__(self, model: Any, tokenizer: TokenizerInfo, artifact: Artifact, *, max_batch: int = 16,
                  prompt: Prompt | None = None, backend: str | None = None, speculate: int = 16,
-                 ranker: Ranker | None = None) -> None:
+                 ranker: Ranker | None = None, adapter: AdapterRecord | None = None) -> None:
         artifact.check_compatible(tokenizer=tokenizer, where="engine")
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -132,7 +134,9 @@ class Engine:
         self._runs_after: dict[bytes, list[tuple[int, ...]]] = {}  # a decision point -> the runs worth speculating
         self.reasoning_end_id = tokenizer.reasoning_end_id
         self.model, self.tokenizer, self.artifact, self.max_batch = model.eval(), tokenizer, artifact, max_batch
-        self.decoder = SharedPrefixDecoder(model, max_batch)
+        self.adapter = adapter  # a LoRA adapter added in each pass, the model's weights left as they are
+        self.decoder = SharedPrefixDecoder(model, max_batch, adapter=None if adapter is None else
+                                           low_rank_updates(model, adapter))
         self.head = model.get_output_embeddings().weight.detach()
         self._runs_every_pass = self.head.dtype != torch.float32  # see ``_run``
         if self.head.shape[0] <= artifact.max_token_id:

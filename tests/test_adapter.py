@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from support.serve import SMALL_NAMES, small_artifact, tiny_model
@@ -310,3 +311,42 @@ def test_ask_warns_about_other_tools_and_still_answers(adapter: tuple[Path, Any]
         code = main(["ask", "Fetch it", "--k", "1", "--model", str(directory), "--registry", str(small),
                      "--tokenizer", "smollm2-135m", *extra])
         assert code == 0 and "warning" not in capsys.readouterr().err
+
+
+# --- an adapter kept apart from the weights (one per registry, over one shared model) ---------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_engine_with_its_own_adapter_answers_as_the_merged_model_does(
+        adapter: tuple[Path, Any], smollm: TokenizerInfo, dtype: torch.dtype) -> None:
+    """The low-rank updates added in each pass (stacked q/k/v and gate/up, norms folded in, rows reordered for the
+    rotary turn) give the merged model's answers; the shared model is left as it was, and still answers alone."""
+    from tooltrie.serve.engine import Engine, Request
+
+    directory, peft_merged = adapter
+    artifact = small_artifact(smollm)
+    base, merged_model = (_with_norm_weights(copy.deepcopy(model).to(dtype)) for model in (tiny_model(), peft_merged))
+    before = model_fingerprint(base)
+    requests = [Request(query, k) for query in ("book a flight", "weather tomorrow in Paris", "send an email")
+                for k in (1, 2, 3)]
+    ours = Engine(base, smollm, artifact, adapter=read_adapter(directory)).run(requests)
+    merged = Engine(merged_model, smollm, artifact).run(requests)
+    alone = Engine(base, smollm, artifact).run(requests)
+    assert model_fingerprint(base) == before
+    assert [a.token_ids for a in ours] == [a.token_ids for a in merged]
+    ours_scores, merged_scores, alone_scores = (np.array([tool.score for answer in answers for tool in answer.tools])
+                                                for answers in (ours, merged, alone))
+    rounding = np.abs(ours_scores - merged_scores).max()
+    assert rounding < (1e-4 if dtype == torch.float32 else 0.15)  # bfloat16: W + BA rounded, or W and BA apart
+    assert np.abs(ours_scores - alone_scores).max() > (1e-2 if dtype == torch.float32 else 0.05)  # the adapter tells
+
+
+def _with_norm_weights(model: Any) -> Any:
+    """``model`` with the same random RMSNorm weights whatever its other weights (initialised ones fold into
+    anything)."""
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(1)
+        for name, parameter in sorted(model.named_parameters()):
+            if "norm" in name:
+                parameter.copy_(1 + 0.3 * torch.randn_like(parameter))
+    return model
