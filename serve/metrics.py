@@ -42,6 +42,15 @@ class ServeMetrics:
         self.reloads = Counter(
             "tooltrie_registry_reloads", "Registry reloads by registry and outcome (ok or the error code)",
             ["registry", "outcome"], registry=self.registry)
+        self.adapter_swaps = Counter(
+            "tooltrie_adapter_swaps", "Adapters trained while serving and swapped in, by registry", ["registry"],
+            registry=self.registry)
+        self.training_steps = Gauge(
+            "tooltrie_adapter_training_steps", "Steps done of the adapter being trained or last trained, by registry "
+            "(tooltrie_adapter_training_total_steps: of how many)", ["registry"], registry=self.registry)
+        self.training_total = Gauge(
+            "tooltrie_adapter_training_total_steps", "Steps of the adapter training queued, running or done, by "
+            "registry", ["registry"], registry=self.registry)
         self.queued = Gauge("tooltrie_queued_requests", "Requests accepted and not yet decoding",
                             registry=self.registry)
         self.active_rows = Gauge("tooltrie_active_rows", "Rows being decoded, over all engines",

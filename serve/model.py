@@ -14,8 +14,8 @@ Adapters (``tooltrie.serve.adapter``): ``load_model()`` merges the bundled LoRA 
 trained by ``make train`` on the bundled catalog) into the default model's weights when one is shipped, and the
 model then expects the adapter's prompt style ("short"); ``load_model(ADAPTER_DIR)`` loads the base an adapter
 records and merges it; ``adapter=False`` gives the base alone. An adapter is merged only into the base it was trained
-on (same ``model_fingerprint``). ``training_mismatch(info, artifact)`` says when a model was fine-tuned on other tools
-than the artifact's.
+on (same ``model_fingerprint``). ``training_mismatch(info.adapter, artifact)`` says when a model was fine-tuned on
+other tools than the artifact's.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ __all__ = [
     "bundled_adapter",
     "convert_gguf",
     "default_model_cache_dir",
+    "load_base",
     "load_gguf",
     "load_model",
     "locate_default_gguf",
@@ -206,47 +207,72 @@ def load_model(
     return loaded, _info(loaded, name=str(path), path=path, source="directory", tokenizer=tokenizer, started=started)
 
 
+def load_base(model: str | Path | None = None, *, adapter: bool = True, dtype: torch.dtype = torch.float32,
+              cache_dir: str | Path | None = None) -> tuple[PreTrainedModel, ModelInfo, AdapterRecord | None]:
+    """The base model alone, for adapters added in each pass rather than merged (``serve --train``): the model
+    ``load_model(model)`` would merge an adapter into, in ``dtype``, and that adapter's record (None when there is
+    none, when ``adapter`` is False, or when it was trained on another base). ``info.fingerprint`` is the float32
+    weights' (what adapters record as their base's)."""
+    record = None
+    if adapter and (model is None or (str(model) == DEFAULT_MODEL_NAME and not Path(model).exists())):
+        bundled = bundled_adapter()
+        record = read_adapter(bundled) if bundled is not None else None
+    elif adapter and model is not None and is_adapter_dir(model):
+        record = read_adapter(model)
+    base, info = load_model(model, adapter=False, dtype=torch.float32, cache_dir=cache_dir)
+    if record is not None and record.base_fingerprint != info.fingerprint:
+        logger.warning("%s: trained on another base than %s; left out", record.path, info.path)
+        record = None
+    if dtype != torch.float32:
+        base = cast("PreTrainedModel", cast(Any, base).to(dtype))
+    return base, replace(info, dtype=dtype), record
+
+
 def bundled_adapter() -> Path | None:
     """The adapter shipped for the default model (``DEFAULT_ADAPTER_DIR``), or None while none is."""
     return DEFAULT_ADAPTER_DIR if is_adapter_dir(DEFAULT_ADAPTER_DIR) else None
 
 
-def training_mismatch(info: ModelInfo, artifact: Artifact) -> str | None:
-    """Why ``info``'s model was not trained for ``artifact`` (another registry, tokenizer or contract), or None.
+def training_mismatch(adapter: AdapterRecord | None, artifact: Artifact) -> str | None:
+    """Why a model with ``adapter`` was not trained for ``artifact`` (another registry, tokenizer or contract), or
+    None.
 
     A model without an adapter was trained on no registry: None. Callers (``tooltrie ask``, ``serve``, ``eval``)
     print the message on stderr and answer anyway: the constraint keeps every answer valid, the model just does
     not know these tools.
     """
-    record = info.adapter
-    if record is None:
+    if adapter is None:
         return None
-    differences = provenance.differences(record, artifact, made="trained on")
+    differences = provenance.differences(adapter, artifact, made="trained on")
     if not differences:
         return None
     where = artifact.registry.source or "REGISTRY_FILE"
-    return (f"the model was not trained on these tools ({record.path}: {'; '.join(differences)}). Its answers are "
-            f"still valid tools of this registry, but chosen by a model that does not know them; "
-            f"`make train REGISTRY={where}` fixes it (then pass its adapter with --model), or --base answers with "
-            f"the base model, which reads the tools' descriptions in its prompt")
+    return (f"the model was not trained on these tools ({adapter.path}: {'; '.join(differences)}). Its answers "
+            f"are still valid tools of this registry, but chosen by a model that does not know them; "
+            f"`make train REGISTRY={where}` (or `tooltrie serve --train`) fixes it, or --base answers with the base "
+            f"model, which reads the tools' descriptions in its prompt")
 
 
-def auto_ranker(info: ModelInfo, artifact: Artifact, *, retrieval: bool) -> str:
-    """What ``--ranker auto`` ranks ``artifact``'s answers by: the model alone on the registry its adapter was trained
-    on (it knows those tools), else the fused ranker where the retrieval model is installed (``retrieval``)."""
-    trained = info.adapter is not None and training_mismatch(info, artifact) is None
-    return "fused" if retrieval and not trained else "model"
+def auto_ranker(adapter: AdapterRecord | None, artifact: Artifact, *, retrieval: bool) -> str:
+    """What ``--ranker auto`` ranks ``artifact``'s answers by, for a model with ``adapter``. On the registry the
+    adapter was trained on: what its record chose on its validation split (``ranker.auto``; the model alone when it
+    does not say). Elsewhere the fused ranker. Never a ranker that needs retrieval where it is not installed
+    (``retrieval``)."""
+    if not retrieval:
+        return "model"
+    if adapter is None or training_mismatch(adapter, artifact) is not None:
+        return "fused"
+    return str(adapter.record.get("ranker", {}).get("auto", "model"))
 
 
-def fused_weights(info: ModelInfo, artifact: Artifact) -> Weights:
-    """The fused ranker's weights for ``info``'s model on ``artifact``. On the registry its adapter was trained on:
-    the adapter's own (``ranker.fused`` in its record, chosen on its validation split), else the model alone
-    (nothing measured says retrieval helps it there). Anywhere else ``UNTRAINED``: a model that does not know the
-    tools lets the retrieval prior lead."""
-    record = info.adapter
-    if record is None or training_mismatch(info, artifact) is not None:
+def fused_weights(adapter: AdapterRecord | None, artifact: Artifact) -> Weights:
+    """The fused ranker's weights for a model with ``adapter`` on ``artifact``. On the registry the adapter was
+    trained on: the adapter's own (``ranker.fused`` in its record, chosen on its validation split), else the model
+    alone (nothing measured says retrieval helps it there). Anywhere else ``UNTRAINED``: a model that does not know
+    the tools lets the retrieval prior lead."""
+    if adapter is None or training_mismatch(adapter, artifact) is not None:
         return UNTRAINED
-    own = record.record.get("ranker", {}).get("fused")
+    own = adapter.record.get("ranker", {}).get("fused")
     return MODEL_ONLY if own is None else Weights(model=float(own["model"]), retrieval=float(own["retrieval"]))
 
 

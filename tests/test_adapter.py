@@ -278,15 +278,15 @@ def test_the_shipped_adapter_if_any_is_small_and_for_the_catalog(smollm: Tokeniz
 def test_training_mismatch_names_what_differs(adapter: tuple[Path, Any], smollm: TokenizerInfo) -> None:
     directory, _ = adapter
     _, info = load_model(directory)
-    assert training_mismatch(info, small_artifact(smollm)) is None
+    assert training_mismatch(info.adapter, small_artifact(smollm)) is None
     other = compile_registry(make_registry([{"name": "get"}, {"name": "put"}], name="other"), smollm)
-    message = training_mismatch(info, other)
+    message = training_mismatch(info.adapter, other)
     assert message is not None
     assert message.startswith("the model was not trained on these tools")
     assert "registry 'other'" in message and "the 'small' it was trained on" in message
     assert "`make train REGISTRY=" in message and "--base" in message
     _, base_info = load_model(directory, adapter=False)
-    assert training_mismatch(base_info, other) is None  # a base model was trained on no registry
+    assert training_mismatch(base_info.adapter, other) is None  # a base model was trained on no registry
 
 
 def test_ask_warns_about_other_tools_and_still_answers(adapter: tuple[Path, Any], tmp_path: Path,

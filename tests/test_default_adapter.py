@@ -53,7 +53,7 @@ def test_the_default_was_trained_on_the_bundled_catalog(default: tuple[Any, Any]
     _, info = default
     assert info.adapter is not None and info.prompt_style == "short"
     artifact = compile_registry(load_registry(CATALOG_PATH), TokenizerInfo.load(info.tokenizer))
-    assert training_mismatch(info, artifact) is None
+    assert training_mismatch(info.adapter, artifact) is None
 
 
 def test_the_fused_weights_are_the_adapters_own_on_its_registry_and_retrieval_leads_elsewhere(
@@ -62,13 +62,13 @@ def test_the_fused_weights_are_the_adapters_own_on_its_registry_and_retrieval_le
     tokenizer = TokenizerInfo.load(info.tokenizer)
     own = info.adapter.record.get("ranker", {}).get("fused")
     expected = MODEL_ONLY if own is None else Weights(**own)
-    assert fused_weights(info, compile_registry(load_registry(CATALOG_PATH), tokenizer)) == expected
+    assert fused_weights(info.adapter, compile_registry(load_registry(CATALOG_PATH), tokenizer)) == expected
     other = compile_registry(make_registry([{"name": "get_weather"}, {"name": "send_mail"}], name="elsewhere"),
                              tokenizer)
-    assert fused_weights(info, other) == UNTRAINED
+    assert fused_weights(info.adapter, other) == UNTRAINED
     # --ranker auto: the model alone where it was trained; elsewhere fused, given the retrieval model
     catalog = compile_registry(load_registry(CATALOG_PATH), tokenizer)
-    assert [auto_ranker(info, a, retrieval=r) for a in (catalog, other) for r in (True, False)] == [
+    assert [auto_ranker(info.adapter, a, retrieval=r) for a in (catalog, other) for r in (True, False)] == [
         "model", "model", "fused", "model"]
 
 

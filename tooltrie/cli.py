@@ -81,6 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                            help="keep the top N tools by embedding similarity before decoding (default and most a "
                                 "request may ask); repeat per registry")
     add_ranker_options(serve_cmd, what="the server's")
+    serve_cmd.add_argument("--train", action="store_true",
+                           help="give each registry its own adapter, trained from its own text in the background "
+                                "(about 15 minutes for 2,000 tools on 2 cores) and cached; the fused ranker "
+                                "answers meanwhile")
     serve_cmd.set_defaults(run=_serve)
 
     from tooltrie.train.command import add_gen_data_command, add_train_command
@@ -177,12 +181,12 @@ def _ask(args: argparse.Namespace) -> int:
     model, info = load_model(args.model, adapter=not args.base, dtype=serving_dtype(args.dtype))
     tokenizer = TokenizerInfo.load(args.tokenizer or info.tokenizer)
     artifact = artifact_from(source, tokenizer, separator=args.separator)
-    mismatch = training_mismatch(info, artifact)
+    mismatch = training_mismatch(info.adapter, artifact)
     if mismatch:
         print(f"tooltrie ask: warning: {mismatch}", file=sys.stderr)
     retrieval = locate_minilm() is not None
-    ranked = auto_ranker(info, artifact, retrieval=retrieval) if args.ranker == "auto" else args.ranker
-    weights = args.fused_weights or fused_weights(info, artifact)
+    ranked = auto_ranker(info.adapter, artifact, retrieval=retrieval) if args.ranker == "auto" else args.ranker
+    weights = args.fused_weights or fused_weights(info.adapter, artifact)
     ranker = None if ranked == "model" else ranker_for(artifact, source, weights)
     engine = Engine(model, tokenizer, artifact, prompt=Prompt.style(info.prompt_style), ranker=ranker)
     answer = engine.run([Request(args.query, args.k, ranker=ranked)])[0]
@@ -218,7 +222,7 @@ def _serve(args: argparse.Namespace) -> int:
         prefilter[name or None] = int(n)
     serve(registries=args.registry or [CATALOG_PATH], model=args.model, adapter=not args.base, tokenizer=args.tokenizer,
           host=args.host, port=args.port, limits=limits, policy=args.policy, prefilter=prefilter, dtype=args.dtype,
-          separator=args.separator, ranker=args.ranker, fused_weights=args.fused_weights)
+          separator=args.separator, ranker=args.ranker, fused_weights=args.fused_weights, train=args.train)
     return 0
 
 

@@ -19,7 +19,7 @@ import math
 import platform
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -50,12 +50,13 @@ class TrainResult:
 
 def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str, output: str | Path,
           settings: TrainSettings | None = None, log_path: str | Path | None = None,
-          progress: bool = True) -> TrainResult:
+          progress: bool = True, ranker: Mapping[str, Any] | None = None) -> TrainResult:
     """Fine-tune ``model`` (a Hugging Face causal LM, float32; changed in place: LoRA layers are injected) on
     ``data`` made for ``artifact``, and write the adapter to ``output``.
 
     ``base_name`` is what the adapter records as its base: the default model's name, or the base's directory.
-    The log (JSON lines) goes to ``log_path``, by default ``<output>.log.jsonl`` beside the adapter.
+    The log (JSON lines) goes to ``log_path``, by default ``<output>.log.jsonl`` beside the adapter. ``ranker``: what
+    the record says about ranking with this adapter (``serve.model.auto_ranker``, ``fused_weights``).
     """
     from tooltrie.serve.model import model_fingerprint
 
@@ -79,6 +80,8 @@ def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str,
     seconds = time.perf_counter() - started
     record = _record(data, artifact, settings, base_name=base_name, base_fingerprint=base_fingerprint,
                      loop=loop, seconds=seconds, parameters=sum(t.numel() for t in tensors.values()))
+    if ranker is not None:
+        record["ranker"] = dict(ranker)
     # peft writes the base's load path (a cache folder of the training machine); the record's name says it anywhere.
     write_adapter(out, tensors, {**config, "base_model_name_or_path": base_name}, record)
     return TrainResult(output=out, record=record, seconds=seconds, validation=loop.last_validation)

@@ -1,0 +1,174 @@
+"""Adapters trained while serving (``serve/training.py``): the cache key names everything an adapter depends on; a
+server started with a trainer trains a registry's adapter in a child process while it answers, swaps it in under
+load without losing a request, then answers as an engine with that adapter does; a restart finds it in the cache.
+
+The base is the tiny random Llama saved as a directory, and the recipe a few steps long: the child process runs
+the real data generation and training, in seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from support.serve_http import (
+    catalog_tools,
+    check_answer,
+    loopback_only,  # noqa: F401  (a fixture)
+    running_server,
+    smollm_tokenizer,
+    write_registry,
+)
+
+from tooltrie.compiler import compile_registry
+from tooltrie.ranker import Weights
+from tooltrie.serve.adapter import read_adapter
+from tooltrie.serve.engine import Engine, response
+from tooltrie.serve.model import auto_ranker, fused_weights, load_model
+from tooltrie.serve.prompt import Prompt
+from tooltrie.serve.service import DiscoveryService
+from tooltrie.serve.training import AdapterTrainer, Recipe
+from tooltrie.testing import tiny_llama
+
+pytestmark = pytest.mark.usefixtures("loopback_only")
+
+TINY = Recipe(compose=8, steps=3, batch_size=2, rank=4, alpha=8, top_layers=1, learning_rate=0.05,
+              warmup_steps=0)
+QUERIES = ("What will the weather be in Paris tomorrow?", "Convert 100 US dollars to euros", "Play some jazz")
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("base") / "tiny"
+    tiny_llama().save_pretrained(path)
+    return path
+
+
+def test_the_cache_key_names_everything_an_adapter_depends_on() -> None:
+    tokenizer = smollm_tokenizer()
+    tools = [{"name": name, "description": about} for name, about in catalog_tools(0, 6)]
+    artifact = compile_registry(_registry(tools), tokenizer)
+    key = TINY.key(artifact, "f" * 64)
+    assert key == TINY.key(compile_registry(_registry(tools), tokenizer), "f" * 64)  # the same inputs
+    changed = [TINY.key(compile_registry(_registry(tools[:-1]), tokenizer), "f" * 64),  # the tools
+               TINY.key(artifact, "e" * 64),  # the base model
+               replace(TINY, steps=4).key(artifact, "f" * 64),  # the recipe
+               replace(TINY, fused=Weights(1.0, 50.0)).key(artifact, "f" * 64)]
+    assert len({key, *changed}) == 1 + len(changed)
+    assert Recipe.from_json(TINY.arguments()[1]) == TINY
+
+
+def test_a_server_trains_an_adapter_and_swaps_it_in_under_load(tmp_path: Path, base_dir: Path) -> None:
+    path = tmp_path / "tools.yaml"
+    write_registry(path, "tools", catalog_tools(0, 12))
+    base, info = load_model(base_dir, adapter=False)
+    cache = tmp_path / "adapters"
+
+    def service() -> DiscoveryService:
+        trainer = AdapterTrainer(base_model=str(base_dir), base_fingerprint=info.fingerprint, recipe=TINY,
+                                 cache_dir=cache)
+        return DiscoveryService.from_paths([path], base, smollm_tokenizer(), cache_dir=tmp_path / "compiled",
+                                           prompt=Prompt.style("short"), trainer=trainer)
+
+    first = service()
+    assert first.registries()[0]["training"]["state"] == "queued" and first.registries()[0]["adapter"] is None
+    answered: list[tuple[bool, str, int, dict[str, Any]]] = []  # (sent after the swap, query, k, body)
+    with running_server(first) as server:
+
+        async def swapped(session: httpx.AsyncClient) -> bool:
+            listing = (await session.get("/v1/registries")).json()["registries"][0]
+            assert listing["training"]["state"] in ("queued", "training", "ready"), listing["training"]
+            return bool(listing["training"]["state"] == "ready")
+
+        async def asker(session: httpx.AsyncClient, client: int) -> None:
+            after, i = 0, 0
+            while after < 2:  # until the adapter is in, then two more
+                done = await swapped(session)
+                query, k = QUERIES[i % len(QUERIES)], 1 + (client + i) % 3
+                reply = await session.post("/v1/discover", json={"query": query, "k": k})
+                assert reply.status_code == 200, reply.text
+                answered.append((done, query, k, reply.json()))
+                after, i = after + done, i + 1
+
+        async def load() -> None:
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as session:
+                await asyncio.wait_for(asyncio.gather(*(asker(session, c) for c in range(4))), 240)
+
+        asyncio.run(load())
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            listing = client.get("/v1/registries").json()["registries"][0]
+            metrics = client.get("/metrics").text
+            again = client.post("/v1/registries/tools/train").json()  # in the cache: nothing is trained again
+    record = read_adapter(cache / TINY.key(first.served("tools").artifact, info.fingerprint))
+    assert listing["training"]["state"] == "ready" and listing["training"]["step"] == TINY.steps
+    assert listing["adapter"] == {"path": str(record.path), "trained_on": "tools", "fits": True}
+    assert again["state"] == "ready" and again["adapter"] == str(record.path)
+    assert server.metric(metrics, "tooltrie_adapter_swaps_total", registry="tools") == 1
+    assert server.metric(metrics, "tooltrie_adapter_training_steps", registry="tools") == TINY.steps
+    assert record.record["ranker"]["auto"] == "fused" and record.record["ranker"]["fused"] == TINY.fused.as_dict()
+
+    # Every request was answered; those sent after the swap, as an engine with the adapter answers them.
+    artifact = first.served("tools").artifact
+    assert sum(done for done, *_ in answered) >= 8
+    tuned, untuned = (Engine(base, smollm_tokenizer(), artifact, prompt=Prompt.style("short"), adapter=adapter)
+                      for adapter in (record, None))
+    for done, query, k, body in answered:
+        check_answer(body, artifact.registry, k)
+        if done:
+            assert _ranked(body) == pytest.approx(_ranked(response(tuned.answer(query, k), artifact)), abs=1e-3)
+    assert any(_ranked(response(tuned.answer(query, 3), artifact)) != pytest.approx(
+        _ranked(response(untuned.answer(query, 3), artifact)), abs=1e-2) for query in QUERIES)  # it was trained
+
+    # A restart finds the adapter in the cache: nothing to train, the registry answered with it from the start.
+    second = service()
+    assert second.served("tools").adapter is not None and second.served("tools").adapter.path == record.path
+    assert second.registries()[0]["training"]["state"] == "ready"
+
+
+def test_an_adapter_trained_on_the_registry_ranks_as_its_record_says(tmp_path: Path) -> None:
+    """A registry-only adapter records the fused ranker (``auto``) with its weights; elsewhere it is untrained."""
+    tokenizer = smollm_tokenizer()
+    artifact = compile_registry(_registry([{"name": n, "description": d} for n, d in catalog_tools(0, 6)]), tokenizer)
+    other = compile_registry(_registry([{"name": n, "description": d} for n, d in catalog_tools(6, 12)]), tokenizer)
+    record = _fake_record(tmp_path, artifact, {"auto": "fused", "fused": {"model": 1.0, "retrieval": 100.0}})
+    assert auto_ranker(record, artifact, retrieval=True) == "fused"
+    assert auto_ranker(record, artifact, retrieval=False) == "model"
+    assert fused_weights(record, artifact) == Weights(1.0, 100.0)
+    assert fused_weights(record, other) != Weights(1.0, 100.0)
+
+
+def test_a_server_without_a_trainer_refuses_to_train(tmp_path: Path) -> None:
+    path = tmp_path / "tools.yaml"
+    write_registry(path, "tools", catalog_tools(0, 6))
+    service = DiscoveryService.from_paths([path], tiny_llama(), smollm_tokenizer(), cache_dir=tmp_path / "compiled")
+    with running_server(service) as server, httpx.Client(base_url=server.url, timeout=60) as client:
+        reply = client.post("/v1/registries/tools/train")
+        assert reply.status_code == 503 and "--train" in reply.json()["error"]["message"]
+        assert "training" not in client.get("/v1/registries").json()["registries"][0]
+
+
+def _registry(tools: list[dict[str, str]]) -> Any:
+    from tooltrie.registry import make_registry
+
+    return make_registry(tools, name="tools")
+
+
+def _fake_record(tmp_path: Path, artifact: Any, ranker: dict[str, Any]) -> Any:
+    """An adapter directory's record (no weights needed to rank) trained on ``artifact``."""
+    from tooltrie.serve.adapter import AdapterRecord
+
+    return AdapterRecord(path=tmp_path, base_model="tiny", base_fingerprint="f" * 64,
+                         registry_name=artifact.registry.name, registry_sha256=artifact.registry.sha256,
+                         tokenizer_fingerprint=artifact.tokenizer_fingerprint,
+                         contract_sha256=artifact.contract.sha256, prompt_style="short",
+                         record=json.loads(json.dumps({"ranker": ranker})))
+
+
+def _ranked(body: dict[str, Any]) -> list[Any]:
+    """An answer's tools and their scores, in order."""
+    return [value for tool in body["tools"] for value in (tool["name"], tool["score"])]
