@@ -95,14 +95,14 @@ def _eval(args: argparse.Namespace) -> int:
     tokenizer, artifact = registry_and_artifact(
         args.registry, args.artifact, args.tokenizer or info.tokenizer,
         registry_path(name) if bundled else CATALOG_PATH, separator=args.separator)
-    mismatch = training_mismatch(info, artifact)
+    mismatch = training_mismatch(info.adapter, artifact)
     if mismatch:
         print(f"tooltrie eval: warning: {mismatch}", file=sys.stderr)
     check_labels(queries, artifact.registry)
     style = args.prompt_style or info.prompt_style
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
     ranked = "fused" in arms or ("engine" in arms and args.ranker != "model")
-    weights = args.fused_weights or fused_weights(info, artifact)
+    weights = args.fused_weights or fused_weights(info.adapter, artifact)
     setup = EvalSetup(model=model, tokenizer=tokenizer, artifact=artifact, prompt=Prompt.style(style),
                       batch_size=args.batch, max_new_tokens=args.max_new_tokens, model_path=info.path,
                       artifact_path=args.artifact,
