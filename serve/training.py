@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -201,6 +202,8 @@ class AdapterTrainer:
         if self.base_model is not None:
             command += ["--base-model", self.base_model]
         status.state, status.phase, status.started_at = "training", "data", time.time()
+        logger.info("training an adapter for registry %r (%d tools) in the background, into %s",
+                    artifact.registry.name, artifact.trie.n_tools, output)
         with (work / "child.log").open("wb") as out:
             self._child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL)
@@ -215,6 +218,7 @@ class AdapterTrainer:
             status.error = f"the training process exited with status {code}: {tail.strip()}"
             raise RuntimeError(status.error)
         status.step = self.recipe.steps
+        shutil.rmtree(work / "data", ignore_errors=True)  # the log stays, beside the adapter
         return read_adapter(output)
 
 

@@ -100,20 +100,25 @@ def test_a_server_trains_an_adapter_and_swaps_it_in_under_load(tmp_path: Path, b
                 await asyncio.wait_for(asyncio.gather(*(asker(session, c) for c in range(4))), 240)
 
         asyncio.run(load())
+        artifact = first.served("tools").artifact
         with httpx.Client(base_url=server.url, timeout=60) as client:
             listing = client.get("/v1/registries").json()["registries"][0]
             metrics = client.get("/metrics").text
             again = client.post("/v1/registries/tools/train").json()  # in the cache: nothing is trained again
-    record = read_adapter(cache / TINY.key(first.served("tools").artifact, info.fingerprint))
+            write_registry(path, "tools", catalog_tools(0, 11))  # a tool less: the adapter no longer fits
+            assert client.post("/v1/registries/tools/reload").status_code == 200
+            changed = client.get("/v1/registries").json()["registries"][0]
+    record = read_adapter(cache / TINY.key(artifact, info.fingerprint))
     assert listing["training"]["state"] == "ready" and listing["training"]["step"] == TINY.steps
     assert listing["adapter"] == {"path": str(record.path), "trained_on": "tools", "fits": True}
     assert again["state"] == "ready" and again["adapter"] == str(record.path)
     assert server.metric(metrics, "tooltrie_adapter_swaps_total", registry="tools") == 1
     assert server.metric(metrics, "tooltrie_adapter_training_steps", registry="tools") == TINY.steps
     assert record.record["ranker"]["auto"] == "fused" and record.record["ranker"]["fused"] == TINY.fused.as_dict()
+    assert changed["adapter"] is None and changed["training"]["state"] in ("queued", "training")
+    assert changed["tools"] == 11
 
     # Every request was answered; those sent after the swap, as an engine with the adapter answers them.
-    artifact = first.served("tools").artifact
     assert sum(done for done, *_ in answered) >= 8
     tuned, untuned = (Engine(base, smollm_tokenizer(), artifact, prompt=Prompt.style("short"), adapter=adapter)
                       for adapter in (record, None))
@@ -125,6 +130,7 @@ def test_a_server_trains_an_adapter_and_swaps_it_in_under_load(tmp_path: Path, b
         _ranked(response(untuned.answer(query, 3), artifact)), abs=1e-2) for query in QUERIES)  # it was trained
 
     # A restart finds the adapter in the cache: nothing to train, the registry answered with it from the start.
+    write_registry(path, "tools", catalog_tools(0, 12))
     second = service()
     assert second.served("tools").adapter is not None and second.served("tools").adapter.path == record.path
     assert second.registries()[0]["training"]["state"] == "ready"
