@@ -55,7 +55,6 @@ __all__ = [
     "bundled_adapter",
     "convert_gguf",
     "default_model_cache_dir",
-    "load_base",
     "load_gguf",
     "load_model",
     "locate_default_gguf",
@@ -205,27 +204,6 @@ def load_model(
     if tokenizer is not None:
         _check_tokenizer_fits(loaded, path / "tokenizer.json", exact=False)
     return loaded, _info(loaded, name=str(path), path=path, source="directory", tokenizer=tokenizer, started=started)
-
-
-def load_base(model: str | Path | None = None, *, adapter: bool = True, dtype: torch.dtype = torch.float32,
-              cache_dir: str | Path | None = None) -> tuple[PreTrainedModel, ModelInfo, AdapterRecord | None]:
-    """The base model alone, for adapters added in each pass rather than merged (``serve --train``): the model
-    ``load_model(model)`` would merge an adapter into, in ``dtype``, and that adapter's record (None when there is
-    none, when ``adapter`` is False, or when it was trained on another base). ``info.fingerprint`` is the float32
-    weights' (what adapters record as their base's)."""
-    record = None
-    if adapter and (model is None or (str(model) == DEFAULT_MODEL_NAME and not Path(model).exists())):
-        bundled = bundled_adapter()
-        record = read_adapter(bundled) if bundled is not None else None
-    elif adapter and model is not None and is_adapter_dir(model):
-        record = read_adapter(model)
-    base, info = load_model(model, adapter=False, dtype=torch.float32, cache_dir=cache_dir)
-    if record is not None and record.base_fingerprint != info.fingerprint:
-        logger.warning("%s: trained on another base than %s; left out", record.path, info.path)
-        record = None
-    if dtype != torch.float32:
-        base = cast("PreTrainedModel", cast(Any, base).to(dtype))
-    return base, replace(info, dtype=dtype), record
 
 
 def bundled_adapter() -> Path | None:

@@ -25,9 +25,8 @@ import logging
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -329,7 +328,7 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
 
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.compiler.sources import registry_of
-    from tooltrie.serve.model import load_base, load_model, serving_dtype, training_mismatch
+    from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
     from tooltrie.serve.training import AdapterTrainer
 
@@ -342,19 +341,18 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     unknown = sorted(str(key) for key in (prefilter or {}) if key is not None and key not in names)
     if unknown:
         raise PrefilterError(f"--prefilter names registries {unknown}, which are not served ({', '.join(names)})")
-    trainer = default_adapter = None
-    if train:  # the bare base, shared; every registry's engine adds its own adapter (the model's, meanwhile)
-        loaded, info, default_adapter = load_base(model, adapter=adapter, dtype=serving_dtype(dtype))
-        trainer = AdapterTrainer(base_model=model, base_fingerprint=info.fingerprint)
-        info = replace(info, prompt_style=trainer.recipe.prompt_style)  # the prompt its adapters are trained with
+    trainer = None
+    if train:  # adapters are trained on the model as served: its float32 weights' fingerprint keys them
+        loaded, info = load_model(model, adapter=adapter)
+        trainer = AdapterTrainer(base_model=model, base_adapter=adapter, base_fingerprint=info.fingerprint)
+        loaded = cast(Any, loaded).to(serving_dtype(dtype))
     else:
         loaded, info = load_model(model, adapter=adapter, dtype=serving_dtype(dtype))
     service = DiscoveryService.from_paths(registries, loaded, TokenizerInfo.load(tokenizer or info.tokenizer),
                                           prompt=Prompt.style(info.prompt_style), limits=limits, policy=tenants,
                                           prefilter=Prefilter(rankers, limits=limits_n, unavailable=why),
                                           separator=separator, ranker=ranker, fused=fused_weights,
-                                          base_adapter=info.adapter, default_adapter=default_adapter,
-                                          trainer=trainer)
+                                          base_adapter=info.adapter, trainer=trainer)
     for name in names:  # the model answers validly anyway, but may not know these tools
         registry = service.served(name)
         mismatch = training_mismatch(registry.adapter or info.adapter, registry.artifact)

