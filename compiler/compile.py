@@ -74,7 +74,9 @@ def compile_registry(
     show = len(names) >= PROGRESS_MIN_TOOLS if progress is None else progress
     splits = _split_candidates(contract.separator)
     with _Encoder(tokenizer, names, show) as encoder:
-        encoder.phase_paths(splits[0])  # queued now: encoded while the bare names are checked
+        encoder.phase_paths(splits[0])  # queued: encoded while Python works on what follows
+        first_answers = _verification_answers(names, splits[0], sample, np.random.default_rng(seed))
+        registry.sha256  # noqa: B018  (the artifact's identity, hashed while the tokenizer works)
         bare = encoder.affixed("", "").result()
         flat_ids, starts = bare.tokens.tolist(), bare.starts.tolist()
         bare_lists = [flat_ids[a:b] for a, b in itertools.pairwise(starts)]  # for decoding, as lists
@@ -86,20 +88,24 @@ def compile_registry(
 
         failures: dict[Split, str] = {}
         for split in splits:
-            answers = _verification_answers(names, split, sample, np.random.default_rng(seed))
+            answers = first_answers if split == splits[0] else _verification_answers(names, split, sample,
+                                                                                    np.random.default_rng(seed))
             paths = {phase: job.result() for phase, job in encoder.phase_paths(split).items()}
             screen = answers[:_SCREEN_ANSWERS]
             bad = _mismatches(screen, _expected(screen, paths, len(names)),
                               encoder.encode(_answer_texts(screen, names, contract)))
+            trie: CompiledTrie | RegistryProblems | None = None
             if not bad:
                 verifying = encoder.start(_answer_texts(answers, names, contract), "verifying")
-                expected = _expected(answers, paths, len(names))  # gathered while the tokenizer works
-                registry.sha256  # noqa: B018  (the artifact's identity, hashed meanwhile too)
+                expected = _expected(answers, paths, len(names))  # gathered while the tokenizer works,
+                trie = _try_build(paths, registry)  # and the trie built (used only if every answer verifies)
                 bad = _mismatches(answers, expected, verifying.result())
             if bad:
                 failures[split] = _describe_mismatches(bad, names, contract)
                 continue
-            trie = _build(paths, registry)
+            if isinstance(trie, RegistryProblems):
+                raise trie
+            assert trie is not None
             clash = _hop_clash(trie, registry)
             if clash:
                 failures[split] = clash
@@ -208,6 +214,8 @@ def _verification_answers(names: list[str], split: Split, sample: int,
     The order is shuffled, so a screen of the first few answers sees a spread of tools.
     """
     n = len(names)
+    if not n:
+        return []
     by_length = sorted(range(n), key=lambda tool: len(names[tool]))
     shortest, runner_up = by_length[0], by_length[min(1, n - 1)]
     partner = [shortest] * n  # the shortest other name
@@ -338,6 +346,14 @@ def _distinct(paths: dict[int, FlatPaths]) -> tuple[list[FlatPaths], list[int]]:
             found = len(distinct) - 1
         index.append(found)
     return distinct, index
+
+
+def _try_build(paths: dict[int, FlatPaths], registry: Registry) -> CompiledTrie | RegistryProblems:
+    """The trie, or the problems that stop it (raised only once the split is known to verify)."""
+    try:
+        return _build(paths, registry)
+    except RegistryProblems as problems:
+        return problems
 
 
 def _build(paths: dict[int, FlatPaths], registry: Registry) -> CompiledTrie:
