@@ -28,12 +28,14 @@ full. Arms, on the same rows, taking turns:
 - ``vllm v1 apply``: when vLLM is importable, the V1 adapter ``TrieVllmProcessorV1`` driven through vLLM's own
   ``BatchUpdate`` (rows added with ``SamplingParams(extra_args=request_args(path, k))`` and vLLM's live output-token
   lists, a reset row re-added at its index), CPU tensors; timed: ``apply(logits)`` alone (the new tokens are read from
-  the lists vLLM appends to; ``update_state`` runs outside the timer).
+  the lists vLLM appends to; ``update_state`` runs outside the timer). On a CPU it returns a buffer that holds -inf
+  between steps and gets only the legal logits (``kernels.cpu.LegalLogits``), so it can beat the fill floor.
 
 Before the timed turns, an untimed pass over the same steps checks that the arms agree: the cpu and reference
 bitmasks are identical at every step, XGrammar's allowed set contains ours at every step (it allows more: repeats and
-other tokenizations of the same text), and the finite logits left by ``mask_logits_`` and by the vLLM adapter are
-exactly the bitmask's tokens. Disagreement is recorded in the results (``agreement``) and printed.
+other tokenizations of the same text), and the finite logits left by ``mask_logits_`` and returned by the vLLM
+adapter are exactly the bitmask's tokens, with the logits' values. Disagreement is recorded in the results
+(``agreement``) and printed.
 
 Statistics: per step (µs), the median and p90 over every step of every timed repeat, and the median over steps of
 each step's minimum over the repeats ("min of repeats", which filters out other processes' preemption). Logits are
@@ -377,8 +379,10 @@ def check_agreement(setup: Setup, batch: int, steps: int, *, xgr_threads: int | 
         if vllm is not None:
             vllm.prepare(setup.rows.events[:batch, t])
             logits = torch.randn((batch, setup.vocab), generator=generator)
-            vllm.processor.apply(logits)
-            exact = (torch.isfinite(logits).numpy() == ours).all(axis=1)
+            masked = vllm.processor.apply(logits.clone())
+            legal = torch.from_numpy(ours)
+            exact = (torch.isfinite(masked).numpy() == ours).all(axis=1) & (
+                torch.where(legal, masked, 0) == torch.where(legal, logits, 0)).all(dim=1).numpy()
             report["vllm_apply_equals_bitmask"] += int(exact.all())
             if not exact.all():
                 disagree("vllm apply != bitmask", t, np.flatnonzero(~exact))

@@ -17,6 +17,8 @@ import torch
 
 from tooltrie.compiler.artifact import Artifact
 from tooltrie.kernels.batch import TrieBatch, ragged_ids
+from tooltrie.kernels.bitmask import get_bitmask_shape
+from tooltrie.kernels.cpu import LegalLogits
 from tooltrie.kernels.state import check_k
 
 EXTRA_ARGS_KEY = "tooltrie"
@@ -26,6 +28,7 @@ EXTRA_ARGS_KEY = "tooltrie"
 class RequestArgs:
     artifact: str
     k: int
+    thinking_budget: bool = False  # vLLM forces the end of its thinking: it writes into the logits after us
 
 
 def request_args(artifact_path: str | os.PathLike[str], k: int) -> dict[str, Any]:
@@ -44,7 +47,8 @@ def parse_request_args(params: Any) -> RequestArgs | None:
         raise ValueError(f"extra_args[{EXTRA_ARGS_KEY!r}] must be {{'artifact': path, 'k': int}}, got {args!r}")
     artifact = load_artifact(args["artifact"])
     check_k(args["k"], artifact.trie.n_tools, where=f"extra_args[{EXTRA_ARGS_KEY!r}]")
-    return RequestArgs(artifact=args["artifact"], k=args["k"])
+    return RequestArgs(artifact=args["artifact"], k=args["k"],
+                       thinking_budget=getattr(params, "thinking_token_budget", None) is not None)
 
 
 @functools.lru_cache(maxsize=8)
@@ -62,6 +66,8 @@ class ArtifactRows:
         self.batches: dict[str, TrieBatch] = {}
         self.args: dict[int, RequestArgs] = {}
         self.fed = np.zeros(16, dtype=np.int64)
+        self.budgeted = np.zeros(16, dtype=bool)  # rows whose request has a thinking budget
+        self.legal = LegalLogits()  # on a CPU, what ``apply`` returns
         # Per artifact, vLLM row -> its batch row (the same number; -1: not this artifact's), with one more entry,
         # -1, at the end, so that row -1 (NumPy's last entry) maps to -1: a step maps its rows with one gather.
         self.owners: dict[str, npt.NDArray[np.int32]] = {}
@@ -106,18 +112,29 @@ class ArtifactRows:
     def apply(self, logits: torch.Tensor, rows: Sequence[int] | npt.NDArray[np.integer],
               new_tokens: Sequence[Sequence[int]]) -> torch.Tensor:
         """Logits row i belongs to vLLM row ``rows[i]`` (-1 or a row that is not ours: left alone) and brings it
-        ``new_tokens[i]``: accept them, then mask, one call each per artifact, with no Python loop over rows."""
+        ``new_tokens[i]``: accept them, then mask, one call each per artifact, with no Python loop over rows.
+
+        The masked logits are returned: on a GPU they are ``logits``, masked in place; on a CPU a buffer that gets
+        only the legal logits (``kernels.cpu.LegalLogits``), except in a step with a thinking budget among its
+        rows."""
         tokens, lengths = ragged_ids(new_tokens)
         vllm_rows = np.asarray(rows, dtype=np.int32).reshape(-1)
         self._grow(int(vllm_rows.max(initial=-1)) + 1)
+        in_place = self.backend != "cpu" or bool(self.budgeted[vllm_rows[vllm_rows >= 0]].any())
+        bitmask = None if in_place else np.empty(get_bitmask_shape(*logits.shape), dtype=np.int32)
+        constrained = np.zeros(len(vllm_rows), dtype=bool)
         for path, owner in self.owners.items():
             mine = owner[vllm_rows]  # -1 stays -1: an owner table ends with -1
             ours = mine >= 0
             if ours.any():
                 self.fed[mine[ours]] += lengths[ours]
                 self.batches[path].accept(tokens, mine, lengths=lengths)
-                self.batches[path].mask_logits_(logits, mine)
-        return logits
+                if bitmask is None:
+                    self.batches[path].mask_logits_(logits, mine)
+                else:
+                    self.batches[path].fill_bitmask(bitmask, mine)
+                    constrained |= ours
+        return logits if bitmask is None or not constrained.any() else self.legal(logits, bitmask, constrained)
 
     def unfed(self, outputs: Sequence[Sequence[int]]) -> list[Sequence[int]]:
         """Row i's output tokens past those it has accepted, from its whole output list ``outputs[i]``."""
@@ -136,6 +153,7 @@ class ArtifactRows:
             self.args[row] = args
         self._grow(row + 1)
         self.fed[row] = fed
+        self.budgeted[row] = args is not None and args.thinking_budget
         for path, owner in self.owners.items():
             owner[row] = row if args is not None and args.artifact == path else -1
 
@@ -143,5 +161,6 @@ class ArtifactRows:
         if size > len(self.fed):
             extra = max(size, 2 * len(self.fed)) - len(self.fed)
             self.fed = np.concatenate([self.fed, np.zeros(extra, np.int64)])
+            self.budgeted = np.concatenate([self.budgeted, np.zeros(extra, bool)])
             for path, owner in self.owners.items():
                 self.owners[path] = np.concatenate([owner, np.full(extra, -1, np.int32)])

@@ -17,7 +17,15 @@ from tooltrie.compiler.artifact import Artifact
 from tooltrie.errors import DecodeError
 from tooltrie.kernels.state import BatchState
 from tooltrie.kernels.vocab import VocabMap, check_step_inputs
-from tooltrie.kernels.walk import accept_rows, choose_rows, fill_rows, forced_rows, mask_rows, no_ranker
+from tooltrie.kernels.walk import (
+    accept_rows,
+    choose_rows,
+    copy_legal,
+    fill_rows,
+    forced_rows,
+    mask_rows,
+    no_ranker,
+)
 
 TRIE_FIELDS = ("node_edge_start", "edge_token", "edge_child", "edge_tool_count", "node_tool", "trie_root",
                "phase_trie", "tool_path_start", "tool_path_edges")
@@ -128,6 +136,40 @@ def node_masks(artifact: Artifact, *, min_edges: int = 16, budget_bytes: int = 8
         np.bitwise_or.at(words[index].view(np.uint32), tokens >> 5, np.uint32(1) << (tokens & 31).astype(np.uint32))
         cached[node] = index
     return words, cached
+
+
+class LegalLogits:
+    """Masked logits without writing every illegal one: a buffer that holds -inf between steps, into which each step
+    writes only the constrained rows' legal logits (after setting back what it wrote there the step before) and copies
+    the other rows whole (``walk.copy_legal``). A mask in place writes -inf over every illegal logit, the whole
+    ``[rows, vocabulary]`` tensor, which on a CPU takes longer than everything else in a step.
+
+    The buffer is returned instead of the logits, so this suits callers that take a processor's result (vLLM's
+    samplers, Hugging Face's ``generate``) and that afterwards edit it only by writing -inf (top-k, top-p) or by
+    arithmetic that keeps -inf (temperature, penalties, biases). One that wrote a finite value over an illegal logit
+    (vLLM's thinking-budget forcing) would leave it there for the next step: such steps mask in place instead."""
+
+    ROOM = 1024  # columns remembered per row; a row with more legal tokens (one still thinking) is reset whole
+
+    def __init__(self) -> None:
+        self._out: Any = None
+        self._written = np.zeros((0, self.ROOM), dtype=np.int32)
+        self._n_written = np.zeros(0, dtype=np.int64)
+
+    def __call__(self, logits: Any, bitmask: npt.NDArray[np.int32], constrained: npt.NDArray[np.bool_]) -> Any:
+        """``logits`` ``[n, V]`` (CPU torch) masked by ``bitmask`` where ``constrained``, as a view of the buffer."""
+        n, width = logits.shape
+        out = self._out
+        if out is None or out.shape[0] < n or out.shape[1] != width or out.dtype != logits.dtype:
+            rows = max(n, 2 * (out.shape[0] if out is not None else 0), 16)
+            out = self._out = logits.new_full((rows, width), float("-inf"))
+            self._written = np.zeros((rows, self.ROOM), dtype=np.int32)
+            self._n_written = np.zeros(rows, dtype=np.int64)
+        view = out[:n]
+        bits, minus_inf = logits_bits(logits.contiguous())
+        out_bits, _ = logits_bits(view)
+        copy_legal(bitmask, constrained, bits, out_bits, self._written, self._n_written, minus_inf)
+        return view
 
 
 def logits_bits(logits: Any) -> tuple[npt.NDArray[Any], np.integer[Any]]:

@@ -760,6 +760,43 @@ def mask_rows(bitmask: Any, rows: Any, logits_bits: Any, minus_inf: int) -> None
                 out[col] = minus_inf
 
 
+@_entry
+def copy_legal(bitmask: Any, constrained: Any, logits_bits: Any, out_bits: Any, written: Any, n_written: Any,
+               minus_inf: int) -> None:
+    """Into ``out_bits``, which holds -inf wherever this did not write last time: for each row i with
+    ``constrained[i]``, the logits whose bit is set in ``bitmask[i]``, after setting back to -inf the columns it
+    wrote there last time (``written[i, :n_written[i]]``; -1: the whole row); every other row copied whole. Writes
+    the legal tokens only, not every illegal logit: a few hundred columns a row where a mask in place writes the
+    whole row. A row with more legal tokens than ``written`` has room for is reset whole next time."""
+    n_cols, room = logits_bits.shape[1], written.shape[1]
+    for i in range(logits_bits.shape[0]):
+        out = out_bits[i]
+        if not constrained[i]:
+            out[:] = logits_bits[i]
+            n_written[i] = -1
+            continue
+        if n_written[i] < 0:
+            out[:] = minus_inf
+        else:
+            for j in range(n_written[i]):
+                out[written[i, j]] = minus_inf
+        n = 0
+        for word in range(min(bitmask.shape[1], (n_cols + 31) >> 5)):
+            bits = np.int32(bitmask[i, word])
+            lane = 0
+            while bits != 0 and lane < 32:
+                if bits & 1:
+                    col = (word << 5) + lane
+                    if col < n_cols:
+                        out[col] = logits_bits[i, col]
+                        if n < room:
+                            written[i, n] = col
+                        n += 1
+                bits = (bits >> np.int32(1)) & np.int32(0x7FFFFFFF)
+                lane += 1
+        n_written[i] = n if n <= room else -1
+
+
 @_jit
 def mask_word(out: Any, first: int, bits: int, minus_inf: int) -> None:
     """``out[first : first + 32]`` under one bitmask word: a fixed 32 lanes, so each case compiles to straight

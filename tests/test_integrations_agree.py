@@ -45,8 +45,7 @@ def rows_sets(path: str, artifact: Artifact, k: int, stream: list[int]) -> list[
     rows.add(3, RequestArgs(path, k))
     for end in range(len(stream) + 1):
         logits = torch.zeros((1, artifact.max_token_id + 1))
-        rows.apply(logits, [3], [stream[end - 1 : end]])
-        sets.append(finite(logits[0]))
+        sets.append(finite(rows.apply(logits, [3], [stream[end - 1 : end]])[0]))
     assert rows.fed[3] == len(stream)
     return sets
 
@@ -137,13 +136,10 @@ def test_an_illegal_token_is_an_error_state_that_only_allows_stop(artifacts: dic
     artifact = artifacts["catalog"]
     rows, vocab = ArtifactRows("cpu"), artifact.max_token_id + 1
     rows.add(0, RequestArgs(paths["catalog"], 1))
-    first = torch.zeros((1, vocab))
-    rows.apply(first, [0], [[]])
-    illegal = next(t for t in range(vocab) if t not in finite(first[0]))
+    first = finite(rows.apply(torch.zeros((1, vocab)), [0], [[]])[0])
+    illegal = next(t for t in range(vocab) if t not in first)
     for tokens in ([illegal], [5, 6]):  # it never leaves the state
-        logits = torch.zeros((1, vocab))
-        rows.apply(logits, [0], [tokens])
-        assert finite(logits[0]) == [artifact.eos_id]
+        assert finite(rows.apply(torch.zeros((1, vocab)), [0], [tokens])[0]) == [artifact.eos_id]
 
 
 def test_rows_mask_only_their_own_logits_rows_across_two_artifacts(artifacts: dict[str, Artifact],
@@ -175,15 +171,16 @@ def test_rows_mask_only_their_own_logits_rows_across_two_artifacts(artifacts: di
         owner = {row: name for name, row in where.items()}
         new = [streams[owner[row]][fed[owner[row]] - 1 : fed[owner[row]]] if row in owner and fed[owner[row]] else []
                for row in layout]
-        rows.apply(logits, [row if row in owner else -1 for row in layout], new)
+        masked = rows.apply(logits, [row if row in owner else -1 for row in layout], new)
         for i, row in enumerate(layout):
             if row not in owner:
-                assert torch.equal(logits[i], original[i])
+                assert torch.equal(masked[i], original[i])
                 continue
             name = owner[row]
             artifact, stream = (small, streams["small"]) if name == "small" else (catalog, streams["catalog"])
             expected = engine_rule(artifact, 2 if name == "small" else 3, stream)[min(fed[name], len(stream))]
-            assert finite(logits[i]) == expected, (step, name)
+            assert finite(masked[i]) == expected, (step, name)
+            assert torch.equal(masked[i, expected], original[i, expected])
             fed[name] = min(fed[name] + 1, len(stream))
 
 
@@ -194,9 +191,7 @@ def test_a_recomputed_request_starts_over(artifacts: dict[str, Artifact], paths:
     rows.add(0, RequestArgs(paths["catalog"], 2))
     rows.apply(torch.zeros((1, vocab)), [0], [stream[:-1]])
     rows.add(0, RequestArgs(paths["catalog"], 2))  # preempted, recomputed: added again
-    logits = torch.zeros((1, vocab))
-    rows.apply(logits, [0], [other[:2]])
-    assert finite(logits[0]) == engine_rule(artifact, 2, other)[2]
+    assert finite(rows.apply(torch.zeros((1, vocab)), [0], [other[:2]])[0]) == engine_rule(artifact, 2, other)[2]
 
 
 def test_many_rows_of_two_artifacts_keep_their_own_states_as_the_tables_grow(artifacts: dict[str, Artifact],
@@ -216,11 +211,46 @@ def test_many_rows_of_two_artifacts_keep_their_own_states_as_the_tables_grow(art
         logits = torch.randn((len(layout), vocab))
         original = logits.clone()
         new = [streams[row][1][step - 1 : step] if row in streams else ([7] if row == 45 else []) for row in layout]
-        rows.apply(logits, layout, new)
+        masked = rows.apply(logits, layout, new)
         for i, row in enumerate(layout):
             if row not in streams:
-                assert torch.equal(logits[i], original[i])
+                assert torch.equal(masked[i], original[i])
                 continue
             name, stream = streams[row]
-            assert finite(logits[i]) == engine_rule(artifacts[name], 2, stream)[min(step, len(stream))], (step, row)
+            assert finite(masked[i]) == engine_rule(artifacts[name], 2, stream)[min(step, len(stream))], (step, row)
     assert rows.fed[45] == 0 and 45 not in rows
+
+
+def test_the_cpu_mask_writes_only_legal_logits_into_a_buffer_that_outlives_what_samplers_do_to_it(
+        artifacts: dict[str, Artifact], paths: dict[str, str]) -> None:
+    """On a CPU ``apply`` returns a buffer that gets only the legal logits, reused from step to step; each step's
+    result equals masking that step's logits in place (what a step with a thinking budget does), although the
+    sampler divided the last result by a temperature and wrote -inf over all but its top 2 of each row, and the
+    batch grows, shrinks and reorders, with rows that are not ours among them."""
+    rng = random.Random(3)
+    names = ["small", "catalog"]
+    streams = {row: (names[row % 2], random_walk(artifacts[names[row % 2]], 1 + row % 3, rng)) for row in range(12)}
+    vocab = max(artifact.max_token_id for artifact in artifacts.values()) + 1
+    buffered, in_place = ArtifactRows("cpu"), ArtifactRows("cpu")
+    for row, (name, _) in streams.items():
+        buffered.add(row, RequestArgs(paths[name], 1 + row % 3))
+        in_place.add(row, RequestArgs(paths[name], 1 + row % 3, thinking_budget=True))
+    fed = dict.fromkeys(streams, 0)
+    for step in range(max(len(stream) for _, stream in streams.values()) + 1):
+        layout = rng.sample(list(streams), rng.randint(1, len(streams))) + [20, -1][: rng.randint(0, 2)]
+        rng.shuffle(layout)
+        new = []
+        for row in layout:  # a row in the layout takes its next token; one left out this step catches up later
+            stream = streams[row][1] if row in streams else []
+            new.append(stream[fed[row] - 1 : fed[row]] if row in streams and fed[row] else [])
+        logits = torch.randn((len(layout), vocab))
+        expected = in_place.apply(logits.clone(), layout, new)
+        masked = buffered.apply(logits.clone(), layout, new)
+        assert torch.equal(masked, expected), step
+        masked.div_(0.7)  # what vLLM's sampler then does to the result, in place
+        top = masked.topk(2, dim=1).indices
+        keep = torch.zeros_like(masked, dtype=torch.bool).scatter_(1, top, True)
+        masked.masked_fill_(~keep, float("-inf"))
+        for row in layout:
+            if row in streams:
+                fed[row] = min(fed[row] + 1, len(streams[row][1]))
