@@ -772,7 +772,8 @@ def copy_legal(bitmask: Any, constrained: Any, logits_bits: Any, out_bits: Any, 
     for i in range(logits_bits.shape[0]):
         out = out_bits[i]
         if not constrained[i]:
-            out[:] = logits_bits[i]
+            for col in range(n_cols):  # an element loop: copying an array slice would allocate
+                out[col] = logits_bits[i, col]
             n_written[i] = -1
             continue
         if n_written[i] < 0:
