@@ -379,10 +379,10 @@ def check_agreement(setup: Setup, batch: int, steps: int, *, xgr_threads: int | 
         if vllm is not None:
             vllm.prepare(setup.rows.events[:batch, t])
             logits = torch.randn((batch, setup.vocab), generator=generator)
-            masked = vllm.processor.apply(logits.clone())
+            returned = vllm.processor.apply(logits.clone())
             legal = torch.from_numpy(ours)
-            exact = (torch.isfinite(masked).numpy() == ours).all(axis=1) & (
-                torch.where(legal, masked, 0) == torch.where(legal, logits, 0)).all(dim=1).numpy()
+            exact = (torch.isfinite(returned).numpy() == ours).all(axis=1) & (
+                torch.where(legal, returned, 0) == torch.where(legal, logits, 0)).all(dim=1).numpy()
             report["vllm_apply_equals_bitmask"] += int(exact.all())
             if not exact.all():
                 disagree("vllm apply != bitmask", t, np.flatnonzero(~exact))

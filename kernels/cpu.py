@@ -149,7 +149,7 @@ class LegalLogits:
     arithmetic that keeps -inf (temperature, penalties, biases). One that wrote a finite value over an illegal logit
     (vLLM's thinking-budget forcing) would leave it there for the next step: such steps mask in place instead."""
 
-    ROOM = 1024  # columns remembered per row; a row with more legal tokens (one still thinking) is reset whole
+    ROOM = 2048  # columns remembered per row; a row with more legal tokens (one still thinking) is reset whole
 
     def __init__(self) -> None:
         self._out: Any = None

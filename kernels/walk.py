@@ -760,20 +760,28 @@ def mask_rows(bitmask: Any, rows: Any, logits_bits: Any, minus_inf: int) -> None
                 out[col] = minus_inf
 
 
+# The lane of a word's lowest set bit, by de Bruijn multiplication (``lowest * 0x077CB531`` maps each of the 32
+# single bits to its own top five bits).
+_DE_BRUIJN = np.array([0, 1, 28, 2, 29, 14, 24, 3, 30, 22, 20, 15, 25, 17, 4, 8,
+                       31, 27, 13, 23, 21, 19, 16, 7, 26, 12, 18, 6, 11, 5, 10, 9], dtype=np.int64)
+
+
 @_entry
 def copy_legal(bitmask: Any, constrained: Any, logits_bits: Any, out_bits: Any, written: Any, n_written: Any,
                minus_inf: int) -> None:
     """Into ``out_bits``, which holds -inf wherever this did not write last time: for each row i with
     ``constrained[i]``, the logits whose bit is set in ``bitmask[i]``, after setting back to -inf the columns it
     wrote there last time (``written[i, :n_written[i]]``; -1: the whole row); every other row copied whole. Writes
-    the legal tokens only, not every illegal logit: a few hundred columns a row where a mask in place writes the
-    whole row. A row with more legal tokens than ``written`` has room for is reset whole next time."""
+    the legal tokens only (a word's set bits found by :data:`_DE_BRUIJN`, not lane by lane), where a mask in place
+    writes every illegal logit. A row with more legal tokens than ``written`` has room for is reset whole next
+    time; columns past the bitmask stay -inf."""
     n_cols, room = logits_bits.shape[1], written.shape[1]
+    n_words = min(bitmask.shape[1], (n_cols + 31) >> 5)
     for i in range(logits_bits.shape[0]):
-        out = out_bits[i]
+        out, source = out_bits[i], logits_bits[i]
         if not constrained[i]:
             for col in range(n_cols):  # an element loop: copying an array slice would allocate
-                out[col] = logits_bits[i, col]
+                out[col] = source[col]
             n_written[i] = -1
             continue
         if n_written[i] < 0:
@@ -782,19 +790,17 @@ def copy_legal(bitmask: Any, constrained: Any, logits_bits: Any, out_bits: Any, 
             for j in range(n_written[i]):
                 out[written[i, j]] = minus_inf
         n = 0
-        for word in range(min(bitmask.shape[1], (n_cols + 31) >> 5)):
-            bits = np.int32(bitmask[i, word])
-            lane = 0
-            while bits != 0 and lane < 32:
-                if bits & 1:
-                    col = (word << 5) + lane
-                    if col < n_cols:
-                        out[col] = logits_bits[i, col]
-                        if n < room:
-                            written[i, n] = col
-                        n += 1
-                bits = (bits >> np.int32(1)) & np.int32(0x7FFFFFFF)
-                lane += 1
+        for word in range(n_words):
+            bits = np.int64(bitmask[i, word]) & 0xFFFFFFFF
+            while bits != 0:
+                lowest = bits & -bits
+                col = (word << 5) + _DE_BRUIJN[((lowest * 0x077CB531) & 0xFFFFFFFF) >> 27]
+                bits ^= lowest
+                if col < n_cols:
+                    out[col] = source[col]
+                    if n < room:
+                        written[i, n] = col
+                    n += 1
         n_written[i] = n if n <= room else -1
 
 
