@@ -240,10 +240,12 @@ class DiscoveryService:
 
     def _with_adapter(self, served: ServedRegistry) -> ServedRegistry:
         """``served`` with the adapter its engine adds: one it has that still fits its tools, else its own from the
-        trainer's cache (else queued for training), else none (the model as loaded)."""
+        trainer's cache (else queued for training), else none (the model as loaded; also where the model's own
+        adapter was trained on these tools, with labelled queries a registry's text alone does not give)."""
         adapter = served.adapter if served.adapter is not None and training_mismatch(
             served.adapter, served.artifact) is None else None
-        if self.trainer is not None and adapter is None:
+        known = self.base_adapter is not None and training_mismatch(self.base_adapter, served.artifact) is None
+        if self.trainer is not None and adapter is None and not known:  # the model was trained on these tools
             self.trainer.request(served.name, served.artifact)  # ready at once when it is in the cache
             adapter = self.trainer.cached(served.artifact)
         return replace(served, adapter=adapter)

@@ -98,7 +98,6 @@ class TrainingStatus:
     step: int = 0
     phase: str | None = None
     adapter: str | None = None  # its directory, once ready
-    queued_at: float = field(default_factory=time.time)
     started_at: float | None = None
     finished_at: float | None = None
     error: str | None = None
@@ -195,7 +194,7 @@ class AdapterTrainer:
         output = self.directory(artifact)
         work = self.cache_dir / f".{output.name}.work"
         work.mkdir(parents=True, exist_ok=True)
-        artifact.save(work / "registry.trie")
+        await asyncio.to_thread(artifact.save, work / "registry.trie")  # a large one takes a moment
         log = work / "train.log.jsonl"
         log.unlink(missing_ok=True)
         command = [self.python, "-m", "tooltrie.serve.training", str(work / "registry.trie"), str(output),

@@ -31,7 +31,7 @@ from tooltrie.serve.adapter import read_adapter
 from tooltrie.serve.engine import Engine, response
 from tooltrie.serve.model import auto_ranker, fused_weights, load_model
 from tooltrie.serve.prompt import Prompt
-from tooltrie.serve.service import DiscoveryService
+from tooltrie.serve.service import DiscoveryService, ServedRegistry
 from tooltrie.serve.training import AdapterTrainer, Recipe
 from tooltrie.testing import tiny_llama
 
@@ -146,6 +146,20 @@ def test_an_adapter_trained_on_the_registry_ranks_as_its_record_says(tmp_path: P
     assert auto_ranker(record, artifact, retrieval=False) == "model"
     assert fused_weights(record, artifact) == Weights(1.0, 100.0)
     assert fused_weights(record, other) != Weights(1.0, 100.0)
+
+
+def test_a_registry_the_served_model_was_trained_on_is_not_trained_again(tmp_path: Path) -> None:
+    """Its own adapter (labelled queries, say) knows the tools better than the registry's text alone would teach."""
+    path = tmp_path / "tools.yaml"
+    write_registry(path, "tools", catalog_tools(0, 6))
+    other = tmp_path / "other.yaml"
+    write_registry(other, "other", catalog_tools(6, 12))
+    tokenizer = smollm_tokenizer()
+    served = [ServedRegistry.load(file, tokenizer, Prompt(), cache_dir=tmp_path / "compiled") for file in (path, other)]
+    trainer = AdapterTrainer(base_model=None, base_fingerprint="f" * 64, recipe=TINY, cache_dir=tmp_path / "adapters")
+    service = DiscoveryService(tiny_llama(), tokenizer, served, trainer=trainer,
+                               base_adapter=_fake_record(tmp_path, served[0].artifact, {}))
+    assert [summary.get("training", {}).get("state") for summary in service.registries()] == [None, "queued"]
 
 
 def test_a_server_without_a_trainer_refuses_to_train(tmp_path: Path) -> None:
