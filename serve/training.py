@@ -1,13 +1,14 @@
 """A served registry's own adapter, trained in the background: ``tooltrie serve --train``.
 
-For each registry without one, the ``AdapterTrainer`` runs a child process at the lowest CPU priority, one registry
-at a time, that regenerates training data from the registry's own text (``gen-data --no-queries --compose``) and
-trains a LoRA adapter on the base model (``tooltrie train``), following a ``Recipe``. Meanwhile the server answers
-with what it has (the fused ranker); when the adapter is written, the service swaps it in as a reload swaps a
-registry: requests decoding finish on the old engine, later ones get the new.
+For each registry without one, the ``AdapterTrainer`` runs a child process (``python -m tooltrie.train.job``) at the
+lowest CPU priority, one registry at a time, that regenerates training data from the registry's own text (``gen-data
+--no-queries --compose``) and trains a LoRA adapter on the model as served, following a ``Recipe``. Meanwhile the
+server answers with what it has (the fused ranker); when the adapter is written, the service swaps it in as a reload
+swaps a registry: requests decoding finish on the old engine, later ones get the new. Serving never imports the
+training code.
 
 Adapters are cached under ``<cache>/adapters/<key>``, the key a sha256 of everything an adapter depends on: the
-registry, tokenizer and contract (the artifact's hashes), the base model's fingerprint and the recipe. A restart
+registry, tokenizer and contract (the artifact's hashes), the served model's fingerprint and the recipe. A restart
 finds them there; a registry that changed gets a new key, so an adapter is never applied to tools it was not
 trained on. The child writes the adapter atomically (``write_adapter``), so a half-trained one is never found.
 
@@ -43,6 +44,7 @@ logger = logging.getLogger(__name__)
 KEY_VERSION = 1  # bumped when what an adapter depends on changes
 _POLL_S = 1.0  # how often the child's progress is read
 _ERROR_TAIL = 2_000  # characters of a failed child's output kept in its status
+CHILD_MODULE = "tooltrie.train.job"  # what the child runs (training code is imported there, never by serving)
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,7 @@ class AdapterTrainer:
         await asyncio.to_thread(artifact.save, work / "registry.trie")  # a large one takes a moment
         log = work / "train.log.jsonl"
         log.unlink(missing_ok=True)
-        command = [self.python, "-m", "tooltrie.serve.training", str(work / "registry.trie"), str(output),
+        command = [self.python, "-m", CHILD_MODULE, str(work / "registry.trie"), str(output),
                    "--work", str(work), *self.recipe.arguments()]
         if self.base_model is not None:
             command += ["--base-model", self.base_model]
@@ -236,62 +238,3 @@ def _last_step(log: Path) -> int | None:
         with contextlib.suppress(ValueError):
             return int(json.loads(line)["step"])
     return None
-
-
-# -- the child process -------------------------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Train one adapter: ``python -m tooltrie.serve.training ARTIFACT OUTPUT --work DIR --recipe JSON``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m tooltrie.serve.training", description=main.__doc__)
-    parser.add_argument("artifact", type=Path)
-    parser.add_argument("output", type=Path)
-    parser.add_argument("--work", type=Path, required=True, help="directory for the data and the log")
-    parser.add_argument("--recipe", type=Recipe.from_json, default=Recipe())
-    parser.add_argument("--base-model", default=None)
-    parser.add_argument("--no-base-adapter", dest="base_adapter", action="store_false",
-                        help="train on the base model alone, without the adapter load_model would merge")
-    args = parser.parse_args(argv)
-    with contextlib.suppress(OSError):
-        os.nice(19)  # the server's requests come first
-    train_adapter(Artifact.load(args.artifact), args.output, work=args.work, recipe=args.recipe,
-                  base_model=args.base_model, base_adapter=args.base_adapter)
-    return 0
-
-
-def train_adapter(artifact: Artifact, output: Path, *, work: Path, recipe: Recipe, base_model: str | None = None,
-                  base_adapter: bool = True) -> AdapterRecord:
-    """Regenerate training data from ``artifact``'s registry alone and train the recipe's adapter into ``output``,
-    on ``load_model(base_model, adapter=base_adapter)``."""
-    from dataclasses import replace
-
-    from transformers.utils import logging as transformers_logging
-
-    from tooltrie.compiler import TokenizerInfo
-    from tooltrie.serve.model import DEFAULT_MODEL_NAME, load_model
-    from tooltrie.train.data import load_training_data
-    from tooltrie.train.settings import LoraSettings, TrainSettings
-    from tooltrie.train.trainer import train
-    from tooltrie.train.training_data import generate_training_data
-
-    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    tokenizer = TokenizerInfo.load(artifact.tokenizer_meta["source"])
-    generate_training_data(work / "data", artifact=artifact, tokenizer=tokenizer, queries=[], compose=recipe.compose,
-                           prompt_style=recipe.prompt_style, seed=recipe.seed)
-    model, info = load_model(base_model, adapter=base_adapter)
-    lora = replace(LoraSettings(), rank=recipe.rank, alpha=recipe.alpha, top_layers=recipe.top_layers)
-    settings = replace(TrainSettings(), steps=recipe.steps, batch_size=recipe.batch_size,
-                       learning_rate=recipe.learning_rate, warmup_steps=recipe.warmup_steps, loss=recipe.loss,
-                       lora=lora, seed=recipe.seed, threads=recipe.threads, eval_every=0, eval_examples=0)
-    base_name = DEFAULT_MODEL_NAME if info.name == DEFAULT_MODEL_NAME else str(info.path.resolve())
-    ranker = {"auto": "fused", "fused": recipe.fused.as_dict(),
-              "chosen_on": "BFCL's validation split, with an adapter trained on BFCL's registry alone"}
-    train(load_training_data(work / "data", artifact), artifact, model, base_name=base_name, output=output,
-          settings=settings, log_path=work / "train.log.jsonl", progress=False, ranker=ranker)
-    return read_adapter(output)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,74 @@
+"""One registry's adapter, trained as ``tooltrie serve --train`` asks (``serve/training.py``), in a process of its own:
+``python -m tooltrie.train.job ARTIFACT OUTPUT --work DIR --recipe JSON [--base-model M] [--no-base-adapter]``.
+
+It regenerates training data from the registry's own text (``gen-data --no-queries --compose``), then trains the
+recipe's LoRA adapter on the model as served, and writes it atomically to OUTPUT; the training log (one JSON line per
+step) goes to ``DIR/train.log.jsonl``, where the server reads the progress.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from tooltrie.compiler.artifact import Artifact
+from tooltrie.serve.adapter import AdapterRecord, read_adapter
+from tooltrie.serve.training import Recipe
+
+__all__ = ["main", "train_adapter"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tooltrie.train.job", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("artifact", type=Path)
+    parser.add_argument("output", type=Path)
+    parser.add_argument("--work", type=Path, required=True, help="directory for the data and the log")
+    parser.add_argument("--recipe", type=Recipe.from_json, default=Recipe())
+    parser.add_argument("--base-model", default=None)
+    parser.add_argument("--no-base-adapter", dest="base_adapter", action="store_false",
+                        help="train on the base model alone, without the adapter load_model would merge")
+    args = parser.parse_args(argv)
+    with contextlib.suppress(OSError):
+        os.nice(19)  # the server's requests come first
+    train_adapter(Artifact.load(args.artifact), args.output, work=args.work, recipe=args.recipe,
+                  base_model=args.base_model, base_adapter=args.base_adapter)
+    return 0
+
+
+def train_adapter(artifact: Artifact, output: Path, *, work: Path, recipe: Recipe, base_model: str | None = None,
+                  base_adapter: bool = True) -> AdapterRecord:
+    """Regenerate training data from ``artifact``'s registry alone and train the recipe's adapter into ``output``,
+    on ``load_model(base_model, adapter=base_adapter)``."""
+    from transformers.utils import logging as transformers_logging
+
+    from tooltrie.compiler import TokenizerInfo
+    from tooltrie.serve.model import DEFAULT_MODEL_NAME, load_model
+    from tooltrie.train.data import load_training_data
+    from tooltrie.train.settings import LoraSettings, TrainSettings
+    from tooltrie.train.trainer import train
+    from tooltrie.train.training_data import generate_training_data
+
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    tokenizer = TokenizerInfo.load(artifact.tokenizer_meta["source"])
+    generate_training_data(work / "data", artifact=artifact, tokenizer=tokenizer, queries=[], compose=recipe.compose,
+                           prompt_style=recipe.prompt_style, seed=recipe.seed)
+    model, info = load_model(base_model, adapter=base_adapter)
+    lora = replace(LoraSettings(), rank=recipe.rank, alpha=recipe.alpha, top_layers=recipe.top_layers)
+    settings = replace(TrainSettings(), steps=recipe.steps, batch_size=recipe.batch_size,
+                       learning_rate=recipe.learning_rate, warmup_steps=recipe.warmup_steps, loss=recipe.loss,
+                       lora=lora, seed=recipe.seed, threads=recipe.threads, eval_every=0, eval_examples=0)
+    base_name = DEFAULT_MODEL_NAME if info.name == DEFAULT_MODEL_NAME else str(info.path.resolve())
+    ranker = {"auto": "fused", "fused": recipe.fused.as_dict(),
+              "chosen_on": "BFCL's validation split, with an adapter trained on BFCL's registry alone"}
+    train(load_training_data(work / "data", artifact), artifact, model, base_name=base_name, output=output,
+          settings=settings, log_path=work / "train.log.jsonl", progress=False, ranker=ranker)
+    return read_adapter(output)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
