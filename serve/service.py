@@ -244,8 +244,9 @@ class DiscoveryService:
         adapter was trained on these tools, with labelled queries a registry's text alone does not give)."""
         adapter = served.adapter if served.adapter is not None and training_mismatch(
             served.adapter, served.artifact) is None else None
+        # The model's own adapter was trained on these tools: nothing to train.
         known = self.base_adapter is not None and training_mismatch(self.base_adapter, served.artifact) is None
-        if self.trainer is not None and adapter is None and not known:  # the model was trained on these tools
+        if self.trainer is not None and adapter is None and not known:
             self.trainer.request(served.name, served.artifact)  # ready at once when it is in the cache
             adapter = self.trainer.cached(served.artifact)
         return replace(served, adapter=adapter)
