@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import sys
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -71,16 +72,14 @@ def compile_registry(
     """
     contract = contract or Contract()
     names = registry.names
-    show = len(names) >= PROGRESS_MIN_TOOLS if progress is None else progress
+    show = len(names) >= PROGRESS_MIN_TOOLS and sys.stderr.isatty() if progress is None else progress
     splits = _split_candidates(contract.separator)
     with _Encoder(tokenizer, names, show) as encoder:
         encoder.phase_paths(splits[0])  # queued: encoded while Python works on what follows
         first_answers = _verification_answers(names, splits[0], sample, np.random.default_rng(seed))
         registry.sha256  # noqa: B018  (the artifact's identity, hashed while the tokenizer works)
         bare = encoder.affixed("", "").result()
-        flat_ids, starts = bare.tokens.tolist(), bare.starts.tolist()
-        bare_lists = [flat_ids[a:b] for a, b in itertools.pairwise(starts)]  # for decoding, as lists
-        found = [*problems, *name_problems(registry, tokenizer, contract, bare_lists, bare)]
+        found = [*problems, *name_problems(registry, tokenizer, contract, bare)]
         if found:
             raise _problems_error(found, registry, tokenizer, contract, suggest=suggest)
         if not names:
@@ -118,9 +117,8 @@ def compile_registry(
     raise CompileError("\n".join(lines))
 
 
-def name_problems(registry: Registry, tokenizer: TokenizerInfo, contract: Contract, bare_lists: list[list[int]],
-                  bare: FlatPaths) -> list[Problem]:
-    """Every name the contract or the tokenizer cannot carry (``bare``: the names' encodings, as lists and flat)."""
+def name_problems(registry: Registry, tokenizer: TokenizerInfo, contract: Contract, bare: FlatPaths) -> list[Problem]:
+    """Every name the contract or the tokenizer cannot carry (``bare``: the names' encodings)."""
     tools = registry.tools
     found = [Problem.of(tool, "separator", f"tool name contains the contract's separator {contract.separator!r}")
              for tool in tools if contract.separator in tool.name]
@@ -132,20 +130,20 @@ def name_problems(registry: Registry, tokenizer: TokenizerInfo, contract: Contra
                            dtype=np.int64)
     tool_of_token = np.repeat(np.arange(len(tools)), lengths)
     has_special = np.bincount(tool_of_token[np.isin(bare.tokens, special_ids)], minlength=len(tools)) > 0
-    decoded = tokenizer.decode_batch(bare_lists)
+    decoded = tokenizer.decode_mismatches(bare, registry.names)
     twins = [(first, later) for first, later in bare.duplicates() if lengths[first]]
     twin_of = {later for _, later in twins}  # "tokenizes exactly like" says more than "does not survive decoding"
-    for tool_id, (tool, text) in enumerate(zip(tools, decoded, strict=True)):
+    for tool_id, tool in enumerate(tools):
         if not lengths[tool_id]:
             found.append(Problem.of(tool, "no_tokens", f"tool name renders to no tokens with {tokenizer.source}"))
         elif has_special[tool_id]:
             found.append(Problem.of(
                 tool, "special_token", f"tool name contains a special token of {tokenizer.source} (e.g. the stop "
                 f"token {tokenizer.eos_token!r}); it could end the answer early"))
-        elif text != tool.name and tool_id not in twin_of:  # e.g. bytes the vocabulary lacks are silently dropped
+        elif tool_id in decoded and tool_id not in twin_of:  # e.g. bytes the vocabulary lacks are silently dropped
             found.append(Problem.of(
                 tool, "round_trip", f"tool name does not survive {tokenizer.source}'s round trip: its tokens decode "
-                f"to {text!r}, so an answer naming it could not be parsed"))
+                f"to {decoded[tool_id]!r}, so an answer naming it could not be parsed"))
     found += [_same_tokens_problem(tools[later], tools[first]) for first, later in twins]
     return found
 

@@ -12,12 +12,13 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
-from tokenizers import Encoding, Tokenizer
+import numpy.typing as npt
+from tokenizers import Encoding, Tokenizer, decoders
 
-from tooltrie.compiler.trie import FlatPaths
+from tooltrie.compiler.trie import FlatPaths, concat_ranges
 from tooltrie.errors import TokenizerError
 
 BUNDLED_TOKENIZERS_DIR = Path(__file__).with_name("tokenizers")
@@ -27,6 +28,7 @@ DEFAULT_TOKENIZER = "smollm2-135m"
 REASONING_END_MARKERS = ("</think>", "</thinking>", "<|end_of_thought|>", "</reasoning>")
 FINGERPRINT_RECORD = "fingerprint.json"  # beside tokenizer.json: its fingerprint, for the file's exact bytes
 _WORDS_PER_BATCH = 1_024  # texts per pre-tokenized input in encode_flat (batches run in parallel)
+_BYTE_COMPARE_MIN_TEXTS = 10_000  # below this, decoding every text costs less than making the bytes table once
 _PROBE_TEXTS = 32  # texts of each encode_flat call also encoded on their own, as a check
 # Parts of tokenizer.json that decide which ids a text encodes to (the decoder and padding do not).
 _FINGERPRINT_KEYS = ("model", "normalizer", "pre_tokenizer", "added_tokens")
@@ -198,9 +200,82 @@ class TokenizerInfo:
     def decode_batch(self, batches: list[list[int]]) -> list[str]:
         return [str(text) for text in self.tokenizer.decode_batch(batches, skip_special_tokens=False)]
 
+    def decode_mismatches(self, paths: FlatPaths, texts: list[str]) -> dict[int, str]:
+        """The texts that ``paths`` (their ids) do not decode back to, by index, with what they decode to.
+
+        A byte-level decoder turns each token into fixed bytes, so there the ids' bytes are compared with the
+        texts' UTF-8 in a few array operations, and only the texts that differ, or hold an added token (which
+        decodes as its content), are decoded. Other decoders decode every text.
+        """
+        table = self._token_bytes if len(texts) >= _BYTE_COMPARE_MIN_TEXTS else None
+        suspects = _byte_mismatches(paths, texts, table).tolist() if table is not None else range(len(texts))
+        decoded = self.decode_batch([paths.path(i) for i in suspects])  # the judge: every suspect decoded
+        return {i: text for i, text in zip(suspects, decoded, strict=True) if text != texts[i]}
+
+    @functools.cached_property
+    def _token_bytes(self) -> _TokenBytes | None:
+        """Each vocabulary token's bytes under a byte-level decoder; None for any other decoder."""
+        if not isinstance(self.tokenizer.decoder, decoders.ByteLevel):
+            return None
+        byte_of = {char: byte for byte, char in _byte_level_chars().items()}
+        tokens = [""] * self.vocab_size
+        for token, token_id in self.tokenizer.get_vocab(with_added_tokens=False).items():
+            tokens[token_id] = token
+        added = [int(token_id) for token_id in self.tokenizer.get_added_tokens_decoder()]
+        pieces = [_byte_level_bytes(token, byte_of) for token in tokens]
+        lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        lengths[added] = -1  # an added token decodes as its content, not as bytes
+        return _TokenBytes(np.frombuffer(b"".join(pieces), dtype=np.uint8), starts, lengths)
+
     def token_to_id(self, token: str) -> int | None:
         found = self.tokenizer.token_to_id(token)
         return None if found is None else int(found)
+
+
+class _TokenBytes(NamedTuple):
+    """The bytes a byte-level decoder gives each token id: ``data[starts[i] : starts[i] + lengths[i]]``
+    (length -1: an added token)."""
+
+    data: npt.NDArray[np.uint8]
+    starts: npt.NDArray[np.int64]
+    lengths: npt.NDArray[np.int64]
+
+
+@functools.cache
+def _byte_level_chars() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: the printable character standing for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [byte for byte in range(256) if byte not in printable]
+    return {**{byte: chr(byte) for byte in printable}, **{byte: chr(256 + i) for i, byte in enumerate(others)}}
+
+
+def _byte_level_bytes(token: str, byte_of: dict[str, int]) -> bytes:
+    """A token's bytes as the byte-level decoder gives them (a token outside the alphabet: its own UTF-8)."""
+    try:
+        return bytes(byte_of[char] for char in token)
+    except KeyError:
+        return token.encode("utf-8")
+
+
+def _byte_mismatches(paths: FlatPaths, texts: list[str], table: _TokenBytes) -> npt.NDArray[np.int64]:
+    """The indices of the texts whose paths' bytes differ from their UTF-8, or that hold an added token."""
+    encoded = [text.encode("utf-8", "surrogatepass") for text in texts]
+    text_lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    token_lengths = table.lengths[paths.tokens]
+    owner = np.repeat(np.arange(len(texts)), paths.lengths)
+    has_added = np.bincount(owner[token_lengths < 0], minlength=len(texts)) > 0
+    path_lengths = np.bincount(owner, weights=token_lengths, minlength=len(texts)).astype(np.int64)
+    comparable = (path_lengths == text_lengths) & ~has_added
+    kept = paths.tokens[comparable[owner]]
+    produced = table.data[concat_ranges(table.starts[kept], table.lengths[kept])]
+    expected = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    if not comparable.all():
+        text_starts = np.concatenate([[0], np.cumsum(text_lengths)[:-1]])
+        expected = expected[concat_ranges(text_starts[comparable], text_lengths[comparable])]
+    differs = np.zeros(len(texts), dtype=bool)
+    differs[np.repeat(np.nonzero(comparable)[0], text_lengths[comparable])[produced != expected]] = True
+    return np.nonzero(differs | ~comparable)[0]
 
 
 def _with_stops(texts: list[str], stop: str) -> list[str]:

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tooltrie.compiler import TokenizerInfo
+from tooltrie.compiler import TokenizerInfo, tokenizer_info
 from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR
+from tooltrie.compiler.trie import FlatPaths
 
 TEXTS = st.lists(st.one_of(
     st.text(max_size=12),
@@ -80,3 +81,41 @@ def test_the_recorded_fingerprint_is_the_computed_one(name: str, tmp_path: Path)
     changed = TokenizerInfo.load(tmp_path, eos_token=info.eos_token)
     assert changed.fingerprint != info.fingerprint
     assert changed.fingerprint == fingerprint(json.dumps(spec), info.eos_token, info.eos_id)
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "gpt2"])
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), texts=TEXTS)
+def test_decode_mismatches_equal_decoding_each_path(tokenizers: dict[str, TokenizerInfo], name: str,
+                                                   data: st.DataObject, texts: list[str]) -> None:
+    """The byte-level comparison finds exactly the paths that do not decode to their text: paths from the texts'
+    own encodings, changed (an id replaced or dropped) or random (added tokens and halves of characters too)."""
+    tokenizer = tokenizers[name]
+    added = sorted(tokenizer.tokenizer.get_added_tokens_decoder())
+    ids = st.one_of(st.integers(0, tokenizer.vocab_size - 1), st.sampled_from(added))
+    paths = []
+    for ids_of_text in _one_by_one(tokenizer, texts):
+        kind = data.draw(st.sampled_from(["own", "replaced", "dropped", "random"]))
+        if kind == "random" or (kind != "own" and not ids_of_text):
+            ids_of_text = data.draw(st.lists(ids, max_size=6))
+        elif kind != "own":
+            at = data.draw(st.integers(0, len(ids_of_text) - 1))
+            ids_of_text = [*ids_of_text[:at], *([data.draw(ids)] if kind == "replaced" else []), *ids_of_text[at + 1:]]
+        paths.append(ids_of_text)
+    decoded = tokenizer.decode_batch(paths)
+    expected = {i: text for i, text in enumerate(decoded) if text != texts[i]}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tokenizer_info, "_BYTE_COMPARE_MIN_TEXTS", 0)
+        assert tokenizer.decode_mismatches(FlatPaths.of(paths), texts) == expected
+
+
+def test_decode_mismatches_with_another_decoder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decoder that is not byte-level (here: none) decodes every path."""
+    tokenizer = _variant(tmp_path, {"decoder": None})
+    monkeypatch.setattr(tokenizer_info, "_BYTE_COMPARE_MIN_TEXTS", 0)
+    texts = ["get_weather", "a b", "é"]
+    paths = [tokenizer.encode(text) for text in texts]
+    decoded = tokenizer.decode_batch(paths)
+    assert tokenizer.decode_mismatches(FlatPaths.of(paths), texts) == {
+        i: text for i, text in enumerate(decoded) if text != texts[i]}
+    assert decoded != texts  # without a decoder the byte-level characters come back as they are
