@@ -3,12 +3,15 @@
 Formats, picked by extension and shape:
 
 - native YAML (``.yaml``/``.yml``): ``{name?, description?, source?, license?, tools: [{name, description,
-  pointer?, tags?, examples?}]}``; unknown keys are errors (they are usually typos);
+  pointer?, tags?, examples?, parameters?}]}``; unknown keys are errors (they are usually typos);
 - an OpenAI tools list (``.json``): ``[{"type": "function", "function": {"name", "description", ...}}]``,
   bare or under ``"tools"``;
 - an MCP ``tools/list`` result (``.json``): ``{"tools": [{"name", "description", "inputSchema"}]}``, bare or
   inside a JSON-RPC response's ``"result"``;
 - JSONL (``.jsonl``): one ``{"name", "description", ...}`` object per line; extra keys are kept out of the way.
+
+A tool's ``parameters`` (MCP: ``inputSchema``) are read as ``registry/parameters.py`` says: a JSON schema object or
+the native list.
 
 Every error is a :class:`RegistryError` naming the file, the line or index, and the tool. A file that cannot be
 read as a list of entries stops at once; problems of single entries (bad names, duplicates, wrong field types) are
@@ -27,10 +30,11 @@ import yaml
 
 from tooltrie.errors import RegistryError
 from tooltrie.registry.model import Registry, Tool
+from tooltrie.registry.parameters import parameters
 from tooltrie.registry.problems import Problem, RegistryProblems
 
 _NATIVE_TOP_KEYS = frozenset({"name", "description", "source", "license", "tools"})
-_NATIVE_TOOL_KEYS = frozenset({"name", "description", "pointer", "tags", "examples"})
+_NATIVE_TOOL_KEYS = frozenset({"name", "description", "pointer", "tags", "examples", "parameters"})
 _TEXT_FIELDS = ("name", "description", "pointer", "tags", "examples")
 _JSON_WHITESPACE = " \t\n\r"  # what json.loads skips around a value
 # json.loads's own scanner: the (value, end) of the JSON value at an index (typeshed does not declare it).
@@ -263,11 +267,18 @@ def _tool_from_record(record: _Record, *, strict: bool, registry_name: str, prob
             lists[field_name] = _string_list(fields.get(field_name), field_name)
         except ValueError as exc:
             found.append(("entry", str(exc)))
+    schema = fields.get("parameters") if strict or "parameters" in fields else fields.get("inputSchema")  # MCP's
+    arguments = ()
+    if schema is not None:
+        try:
+            arguments = parameters(schema)
+        except ValueError as exc:
+            found.append(("entry", str(exc)))
     if found:
         problems += [Problem(cause, where, name, detail) for cause, detail in found]
         return None
     return Tool(name=name, description=description, pointer=pointer, tags=lists["tags"], examples=lists["examples"],
-                where=f"{where} {name!r}")
+                parameters=arguments, where=f"{where} {name!r}")
 
 
 def _name_problems(name: str) -> list[tuple[str, str]]:

@@ -142,8 +142,8 @@ def test_registry_error_is_a_value_error() -> None:
 
 
 def test_make_registry_rejects_unknown_keys_and_non_mappings() -> None:
-    with pytest.raises(RegistryError, match=r"<inline> \(tools\[1\]\) 'b': unknown key\(s\) \['parameters'\]"):
-        make_registry([{"name": "a"}, {"name": "b", "parameters": {}}], name="x")
+    with pytest.raises(RegistryError, match=r"<inline> \(tools\[1\]\) 'b': unknown key\(s\) \['inputSchema'\]"):
+        make_registry([{"name": "a"}, {"name": "b", "inputSchema": {}}], name="x")
     with pytest.raises(RegistryError, match=r"<inline> \(tools\[0\]\): expected a mapping"):
         make_registry(["a"], name="x")  # type: ignore[list-item]
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tooltrie.registry import BFCL_PATH, CATALOG_PATH, Registry, load_registry, make_registry, parse_registry
+from tooltrie.registry.model import Parameter
 
 # Names chosen to be awkward: shared prefixes, a prefix of another name, case, dots, non-ASCII, an emoji.
 TOOLS = [
@@ -24,12 +25,17 @@ TOOLS = [
 ]
 NAMES = [tool["name"] for tool in TOOLS]
 DESCRIPTIONS = [tool["description"] for tool in TOOLS]
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "description": "City name."},
+                                          "unit": {"type": "string", "enum": ["C", "F"]}}, "required": ["city"]}
+NATIVE_PARAMETERS = [{"name": "city", "type": "string", "description": "City name.", "required": True},
+                     {"name": "unit", "type": "string", "values": ["C", "F"]}]
+PARAMETERS = (Parameter("city", "City name.", "string", required=True), Parameter("unit", type="string",
+                                                                                   values=("C", "F")))
 
 
-def _native_yaml(name: str | None = None) -> str:
+def _native_yaml(name: str | None = None, parameters: object = SCHEMA) -> str:
     document: dict[str, object] = {"description": "demo tools", "source": "tests", "license": "MIT",
-                                   "tools": TOOLS}
+                                   "tools": [{**tool, "parameters": parameters} for tool in TOOLS]}
     if name is not None:
         document["name"] = name
     return yaml.safe_dump(document, allow_unicode=True, sort_keys=False)
@@ -54,7 +60,7 @@ def _jsonl() -> str:
 
 FORMATS = {
     "yaml": (".yaml", lambda: _native_yaml()),
-    "yml": (".yml", lambda: _native_yaml()),
+    "yml": (".yml", lambda: _native_yaml(parameters=NATIVE_PARAMETERS)),
     "yaml-named": (".yaml", lambda: _native_yaml("demo")),
     "openai-bare": (".json", lambda: _openai(wrapped=False)),
     "openai-under-tools": (".json", lambda: _openai(wrapped=True)),
@@ -86,6 +92,7 @@ def test_each_format_gives_the_same_tools(loaded: dict[str, Registry], label: st
     assert registry.names == NAMES
     assert [tool.description for tool in registry.tools] == DESCRIPTIONS
     assert [tool.pointer for tool in registry.tools] == [f"demo/{name}" for name in NAMES]
+    assert all(tool.parameters == PARAMETERS for tool in registry.tools)
     assert len(registry) == len(TOOLS)
 
 
@@ -107,7 +114,7 @@ def test_registry_hash_changes_with_content() -> None:
 # shipped adapter record them, so the bytes hashed must never change.
 BUNDLED_SHA256 = {
     "catalog": "d20b4ce4f718ae75f09b505957fd3e3c373642e2e00c9b46ed10a070e1fa3185",
-    "bfcl": "2a4bd23b60ec12c20305a9276a1b72f16e98617f706868f6d8871c2c9f8aa37b",
+    "bfcl": "18da0db69b9a8d52edee3d6d7890d084706ab3e235f1725aa9c03b214f90acd9",
 }
 AWKWARD_TEXT = ["", "plain", "quote \" backslash \\ slash /", "tab\t nl\n cr\r", "\x00\x01\x1f\x7f", "é 日本 ☀️ 📧",
                 "\u2028\u2029\x85", "</script>", "&<>'"]
