@@ -292,3 +292,20 @@ def test_names_differing_only_in_case_with_a_longer_name_present(tmp_path: Path)
     registry = make_registry([{"name": "get_user"}, {"name": "Get_User"}, {"name": "get_user_by_id"}], name="case")
     with pytest.raises(RegistryError, match="differ only in case"):
         compile_registry(registry, tokenizer)
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("city", "parameters must be a JSON schema object or a list of parameters, got str 'city'"),
+    ({"properties": ["city"]}, "parameters' 'properties' must be a mapping, got list"),
+    ({"properties": {"city": "string"}}, "parameter 'city' must be a schema object, got str 'string'"),
+    ({"properties": {"city": {"description": 3}}}, "parameter 'city': 'description' must be a string, got int 3"),
+    ({"properties": {"unit": {"enum": "C"}}}, "parameter 'unit': 'enum' must be a list, got str 'C'"),
+    ({"properties": {}, "required": "city"}, "parameters' 'required' must be a list of names, got str 'city'"),
+    ([{"description": "no name"}], "parameters\\[0\\] must be a mapping with a non-empty 'name'"),
+    ([{"name": "a", "enum": ["x"]}], "parameters\\[0\\]: unknown key\\(s\\) \\['enum'\\]"),
+    ([{"name": "a", "required": "yes"}], "parameters\\[0\\]: 'required' must be true or false, got str 'yes'"),
+    ([{"name": "a\udc80"}], "parameter 'a\\\\udc80' is not valid Unicode"),
+])
+def test_bad_parameters_are_named(value: object, message: str) -> None:
+    with pytest.raises(RegistryError, match=rf"<inline> \(tools\[0\]\) 't': {message}"):
+        make_registry([{"name": "t", "parameters": value}], name="x")

@@ -37,9 +37,10 @@ BAD_REGISTRIES = [
         id="native-yaml"),
     pytest.param(
         ".jsonl",
-        '{"name": "x "}\n{"name": "y"}\n\n{"name": "\\u0004\\u0006"}\n{"name": "y"}\n{"name": "p, q"}\n',
-        [("whitespace", "{f}:1", "x "), ("duplicate_name", "{f}:5", "y"), ("separator", "{f}:6", "p, q"),
-         ("no_tokens", "{f}:4", "\x04\x06")],
+        '{"name": "x "}\n{"name": "y"}\n\n{"name": "\\u0004\\u0006"}\n{"name": "y"}\n{"name": "p, q"}\n'
+        '{"name": "z", "parameters": {"properties": ["city"]}}\n{"name": "w", "inputSchema": "city"}\n',
+        [("whitespace", "{f}:1", "x "), ("duplicate_name", "{f}:5", "y"), ("entry", "{f}:7", "z"),
+         ("entry", "{f}:8", "w"), ("separator", "{f}:6", "p, q"), ("no_tokens", "{f}:4", "\x04\x06")],
         id="jsonl"),
 ]
 
