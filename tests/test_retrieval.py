@@ -66,7 +66,7 @@ def test_tools_are_ranked_by_cosine_similarity(tiny_bert: Path) -> None:
     registry = make_registry(TOOLS, name="tiny")
     retriever = EmbeddingRetriever(registry, encoder=SentenceEncoder(tiny_bert))
     queries = ["weather forecast for paris", "find news on the web", "book a hotel", "users"]
-    tools = torch.stack([_brute_embedding(tiny_bert, tool_text(t["name"], t["description"])) for t in TOOLS])
+    tools = torch.stack([_brute_embedding(tiny_bert, tool_text(tool)) for tool in registry.tools])
     for query, ranked in zip(queries, retriever.rank_many(queries, k=4), strict=True):
         cosine = (tools @ _brute_embedding(tiny_bert, query)).tolist()
         assert ranked == [registry.names[i] for i in sorted(range(4), key=lambda i: (-cosine[i], i))]
@@ -77,9 +77,17 @@ def test_tools_are_ranked_by_cosine_similarity(tiny_bert: Path) -> None:
             retriever.rank("rain", k)
 
 
-def test_tool_text_is_name_and_description() -> None:
-    assert tool_text("WeatherTool", "Forecasts.") == "WeatherTool: Forecasts."
-    assert tool_text("users", "  ") == "users"
+def test_tool_text_is_name_description_and_parameters() -> None:
+    tools = make_registry([
+        {"name": "WeatherTool", "description": "Forecasts."},
+        {"name": "users", "description": "  "},
+        {"name": "area", "description": "Area of a shape.", "parameters": {"properties": {
+            "base": {"type": "integer", "description": " The base. "}, "unit": {"type": "string"}}}},
+        {"name": "ping", "parameters": [{"name": "host"}]},
+    ], name="t").tools
+    assert [tool_text(tool) for tool in tools] == [
+        "WeatherTool: Forecasts.", "users", "area: Area of a shape. Parameters: base (The base.); unit",
+        "ping Parameters: host"]
 
 
 def test_a_missing_or_broken_model_is_a_retrieval_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,

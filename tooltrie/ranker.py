@@ -1,8 +1,8 @@
 """What the constrained decode ranks tools by: the model, a retrieval prior, or both fused.
 
 - ``model``: the model's scores alone (what an adapter trained on the registry knows);
-- ``retrieval``: each tool's embedding similarity to the query alone (all-MiniLM-L6-v2 over "name: description",
-  ``tooltrie/retrieval.py``): the answer is retrieval's top k, best first;
+- ``retrieval``: each tool's embedding similarity to the query alone (all-MiniLM-L6-v2 over "name: description" and
+  the parameters, ``tooltrie/retrieval.py``): the answer is retrieval's top k, best first;
 - ``fused``: ``model * score + retrieval * similarity`` for each legal token, the similarity being the best among
   the unused allowed tools below the token's edge (``kernels/walk.py``). Never a hard filter: every tool stays
   reachable, the prior only tips the model's choices.
@@ -82,7 +82,7 @@ class Ranker:
         return (weights.retrieval * similarity).astype("float32"), weights.model, weights
 
     def similarities(self, queries: list[str]) -> npt.NDArray[np.float32]:
-        """[len(queries), tools] cosine similarities of the queries to the tools' "name: description"."""
+        """[len(queries), tools] cosine similarities of the queries to the tools' texts (``retrieval.tool_text``)."""
         query_embeddings = self.encoder.encode(queries).numpy()
         result: npt.NDArray[np.float32] = (query_embeddings @ self.tool_embeddings.T).astype("float32")
         return result
@@ -102,7 +102,7 @@ class Ranker:
         cached = _read_embeddings(self.embeddings_path, self.registry.sha256)
         if cached is not None:
             return cached
-        texts = [tool_text(t.name, t.description) for t in self.registry.tools]
+        texts = [tool_text(tool) for tool in self.registry.tools]
         embeddings: npt.NDArray[np.float32] = self.encoder.encode(texts).numpy().astype("float32")
         if self.embeddings_path is not None:
             _write_embeddings(self.embeddings_path, embeddings, self.registry.sha256)
