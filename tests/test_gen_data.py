@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,12 +16,13 @@ import pytest
 from support.serve import tiny_model, whole_prompt_ids
 
 from tooltrie.cli import main
-from tooltrie.compiler import Artifact, TokenizerInfo
+from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
 from tooltrie.eval.datasets import DatasetError, LabelledQuery, load_split
 from tooltrie.kernels import TrieMatcher
+from tooltrie.registry import make_registry
 from tooltrie.serve.engine import Engine, Request
 from tooltrie.serve.prompt import Prompt
-from tooltrie.train.compose import task
+from tooltrie.train.compose import SINGLE, task
 from tooltrie.train.training_data import RECORD_KEYS, RecordMaker, generate_training_data
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,6 +71,37 @@ def test_composed_requests_chain_distinct_tools_along_trie_paths(generated: tupl
         assert len(set(record["tools"])) == record["k"] in (2, 3)
         places = [record["query"].lower().index(tasks[t].lower()) for t in record["tools"]]
         assert places == sorted(places), record
+
+
+def test_tools_with_parameters_get_requests_giving_arguments(smollm: TokenizerInfo, tmp_path: Path) -> None:
+    """One request per tool with parameters, labelled with that tool alone, giving the required arguments first: an
+    enum's value, a number for a numeric type, else the parameter's words or description; verified like every
+    record (trie path, decode, template)."""
+    registry = make_registry([
+        {"name": "convert_temperature", "description": "Convert a temperature between scales.", "parameters": {
+            "properties": {"value": {"type": "number"}, "scale": {"type": "string", "enum": ["C", "F"]}},
+            "required": ["value", "scale"]}},
+        {"name": "read_file", "description": "Read a file from disk.", "parameters": [
+            {"name": "filePath", "description": "The path of the file.", "required": True},
+            {"name": "encoding", "type": "string"}]},
+        {"name": "ping", "description": "Check that the service is up."},
+    ], name="params")
+    artifact = compile_registry(registry, smollm)
+    generate_training_data(tmp_path / "out", artifact=artifact, tokenizer=smollm, queries=[], compose=2, seed=5)
+    records = read_jsonl(tmp_path / "out" / "train.jsonl")
+    assert len(records) == 3 + 3 + 2 + 2  # descriptions, a templated request per tool, 2 with arguments, 2 chains
+    by_tool = {tool.name: tool for tool in registry.tools}
+    arguments = [r for r in records if r["k"] == 1 and r["query"] not in {
+        by_tool[r["tools"][0]].description, *(template.format(a=task(by_tool[r["tools"][0]])).capitalize()
+                                              for template in SINGLE)}]
+    assert sorted(r["tools"][0] for r in arguments) == ["convert_temperature", "read_file"]
+    for record in arguments:
+        query = record["query"]
+        if record["tools"] == ["convert_temperature"]:
+            assert re.search(r"value \d+ and scale [CF]\b", query), query
+        else:
+            assert "the file path" in query or "the path of the file" in query, query
+            assert query.index("file") < query.index("encoding"), query  # the required one first
 
 
 def test_records_have_the_format_and_verified_targets(generated: tuple[Path, dict[str, Any]],
