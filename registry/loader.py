@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from tooltrie.errors import RegistryError
-from tooltrie.registry.model import Registry, Tool
+from tooltrie.registry.model import Parameter, Registry, Tool
 from tooltrie.registry.parameters import parameters
 from tooltrie.registry.problems import Problem, RegistryProblems
 
@@ -268,7 +268,7 @@ def _tool_from_record(record: _Record, *, strict: bool, registry_name: str, prob
         except ValueError as exc:
             found.append(("entry", str(exc)))
     schema = fields.get("parameters") if strict or "parameters" in fields else fields.get("inputSchema")  # MCP's
-    arguments = ()
+    arguments: tuple[Parameter, ...] = ()
     if schema is not None:
         try:
             arguments = parameters(schema)

@@ -53,6 +53,7 @@ class Recipe:
     (a 1,853-tool registry: see docs/training.md)."""
 
     compose: int = 2_000  # multi-tool requests composed from the tools' descriptions (``train.compose``)
+    self_instruct: int = 0  # requests per tool written by the instruct model (``train.self_instruct``)
     prompt_style: str = "short"  # the prompt the adapter learns to answer (``serve.prompt``)
     steps: int = 200
     batch_size: int = 16

@@ -1,9 +1,10 @@
 """One registry's adapter, trained as ``tooltrie serve --train`` asks (``serve/training.py``), in a process of its own:
 ``python -m tooltrie.train.job ARTIFACT OUTPUT --work DIR --recipe JSON [--base-model M] [--no-base-adapter]``.
 
-It regenerates training data from the registry's own text (``gen-data --no-queries --compose``), then trains the
-recipe's LoRA adapter on the model as served, and writes it atomically to OUTPUT; the training log (one JSON line per
-step) goes to ``DIR/train.log.jsonl``, where the server reads the progress.
+It regenerates training data from the registry's own text (``gen-data --no-queries --compose``, and
+``--self-instruct`` when the recipe asks for it), then trains the recipe's LoRA adapter on the model as served, and
+writes it atomically to OUTPUT; the training log (one JSON line per step) goes to ``DIR/train.log.jsonl``, where the
+server reads the progress.
 """
 
 from __future__ import annotations
@@ -49,14 +50,17 @@ def train_adapter(artifact: Artifact, output: Path, *, work: Path, recipe: Recip
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.serve.model import DEFAULT_MODEL_NAME, load_model
     from tooltrie.train.data import load_training_data
+    from tooltrie.train.self_instruct import default_model_requests
     from tooltrie.train.settings import LoraSettings, TrainSettings
     from tooltrie.train.trainer import train
     from tooltrie.train.training_data import generate_training_data
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     tokenizer = TokenizerInfo.load(artifact.tokenizer_meta["source"])
+    written = default_model_requests(artifact.registry, per_tool=recipe.self_instruct, seed=recipe.seed)[0] if (
+        recipe.self_instruct) else []
     generate_training_data(work / "data", artifact=artifact, tokenizer=tokenizer, queries=[], compose=recipe.compose,
-                           prompt_style=recipe.prompt_style, seed=recipe.seed)
+                           prompt_style=recipe.prompt_style, seed=recipe.seed, written=written)
     model, info = load_model(base_model, adapter=base_adapter)
     lora = replace(LoraSettings(), rank=recipe.rank, alpha=recipe.alpha, top_layers=recipe.top_layers)
     settings = replace(TrainSettings(), steps=recipe.steps, batch_size=recipe.batch_size,

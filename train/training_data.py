@@ -74,10 +74,12 @@ def registry_examples(registry: Registry, *, descriptions: bool = True) -> list[
 
 
 def collect_sources(registry: Registry, queries: Sequence[str], *, seed: int = 0, validation_fraction: float = 0.05,
-                    descriptions: bool = True, exclude: Sequence[str | Path] = (), compose: int = 0) -> Sources:
+                    descriptions: bool = True, exclude: Sequence[str | Path] = (), compose: int = 0,
+                    written: Sequence[LabelledQuery] = ()) -> Sources:
     """Gather the examples: bundled sets by name (their fixed splits), user files by path (split with ``seed``);
     with ``compose``, that many multi-tool requests composed from the registry's text (``train/compose.py``), and a
-    templated request per tool, for train."""
+    templated request per tool, for train; ``written``: requests the model wrote (``train/self_instruct.py``), for
+    train."""
     withheld = set(held_out_hashes())
     for path in exclude:
         withheld |= {item.text_hash for item in load_queries(path)}
@@ -85,6 +87,7 @@ def collect_sources(registry: Registry, queries: Sequence[str], *, seed: int = 0
         registry, descriptions=descriptions)]
     if compose:
         train += [("composed", item) for item in composed_examples(registry, n_multi=compose, seed=seed)]
+    train += [("written", item) for item in written]
     validation: list[tuple[str, LabelledQuery]] = []
     for name in queries:
         if name in BUNDLED:
@@ -145,7 +148,8 @@ class RecordMaker:
 def generate_training_data(out_dir: str | Path, *, artifact: Artifact, tokenizer: TokenizerInfo,
                            queries: Sequence[str], prompt_style: str = "short", seed: int = 0,
                            validation_fraction: float = 0.05, descriptions: bool = True,
-                           exclude: Sequence[str | Path] = (), compose: int = 0) -> dict[str, Any]:
+                           exclude: Sequence[str | Path] = (), compose: int = 0,
+                           written: Sequence[LabelledQuery] = ()) -> dict[str, Any]:
     """Write ``train.jsonl``, ``validation.jsonl`` and ``meta.json`` into ``out_dir`` (replaced atomically);
     returns the meta object."""
     if prompt_style not in STYLES:
@@ -153,7 +157,7 @@ def generate_training_data(out_dir: str | Path, *, artifact: Artifact, tokenizer
     registry = artifact.registry
     prompt = Prompt.style(prompt_style)
     sources = collect_sources(registry, queries, seed=seed, validation_fraction=validation_fraction,
-                              descriptions=descriptions, exclude=exclude, compose=compose)
+                              descriptions=descriptions, exclude=exclude, compose=compose, written=written)
     maker = RecordMaker(artifact, tokenizer, prompt)
     splits: dict[str, list[dict[str, Any]]] = {}
     for split, items in (("train", sources.train), ("validation", sources.validation)):

@@ -1,0 +1,113 @@
+"""Requests the instruct model writes for each tool (self-instruct), kept only when retrieval maps them back.
+
+A registry's text says what a tool does, not how users ask for it. Here the bundled instruct model, without the
+adapter, continues a few-shot prompt (three made-up tools, each with a request giving concrete values) with the
+tool's text (``retrieval.tool_text``) and writes a request, sampled, up to the end of its line. A written request is
+kept when retrieval ranks its tool among the top ``keep_top`` of the registry for it: a request the model wrote about
+something else, or too vaguely to point anywhere, is dropped, and so is one that names its tool. What is kept is
+labelled with its tool; the answers are trie paths like every other record's.
+
+>>> first_lines(["  Will it rain in Oslo?\\nTool: x", "", "Tool: get_weather ..."])
+['Will it rain in Oslo?', '', '']
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tooltrie.eval.datasets import LabelledQuery
+from tooltrie.registry.model import Registry, Tool
+from tooltrie.retrieval import tool_text
+
+# Made-up tools (none of any bundled registry), each with a request as users write them: concrete values, no names.
+SHOTS = (
+    ("get_weather: Current weather and the forecast for a city. Parameters: city (The city's name.); days (Days "
+     "ahead.)", "Will it rain in Oslo in the next 3 days?"),
+    ("convert_currency: Convert an amount of money between currencies. Parameters: amount (The amount.); source "
+     "(Currency code.); target (Currency code.)", "How much is 250 US dollars in euros?"),
+    ("find_restaurants: Find restaurants near a place. Parameters: location (Where.); cuisine (Kind of food.)",
+     "Find me a sushi place near Union Square."),
+)
+KEEP_TOP = 10  # a written request is kept when retrieval ranks its tool among this many
+MAX_NEW_TOKENS = 40
+BATCH_SIZE = 32
+
+Generate = Callable[[list[str]], list[str]]  # prompts -> continuations
+
+
+def prompt_for(tool: Tool) -> str:
+    """The few-shot prompt whose continuation is a request for ``tool``."""
+    shots = "".join(f"Tool: {text}\nRequest: {request}\n\n" for text, request in SHOTS)
+    return f"{shots}Tool: {tool_text(tool)}\nRequest:"
+
+
+def first_lines(continuations: Sequence[str]) -> list[str]:
+    """Each continuation's first line, stripped; empty when the model went on to another tool instead."""
+    lines = [text.strip().split("\n", 1)[0].strip() for text in continuations]
+    return ["" if line.startswith("Tool:") else line for line in lines]
+
+
+def written_requests(registry: Registry, generate: Generate, similarities: Callable[[list[str]], Any], *,
+                     per_tool: int = 1, keep_top: int = KEEP_TOP, seed: int = 0) -> tuple[list[LabelledQuery], int]:
+    """``per_tool`` written requests for every tool, filtered by retrieval (``similarities``: queries -> [queries,
+    tools] cosine); returns the kept ones and how many were written."""
+    tools = list(registry.tools) * per_tool
+    random.Random(f"self-instruct:{seed}").shuffle(tools)
+    written = first_lines(generate([prompt_for(tool) for tool in tools]))
+    candidates = [(tool, text) for tool, text in zip(tools, written, strict=True)
+                  if text and tool.name.lower() not in text.lower()]  # a request naming its tool teaches nothing
+    if not candidates:
+        return [], len(tools)
+    scores = np.asarray(similarities([text for _, text in candidates]))
+    ids = np.array([registry.index(tool.name) for tool, _ in candidates])
+    rank = (scores > scores[np.arange(len(ids)), ids][:, None]).sum(axis=1)  # tools retrieval puts above the tool
+    source = registry.source or registry.name
+    kept = [LabelledQuery(text, (tool.name,), where=f"{source}: written for {tool.name!r}")
+            for (tool, text), above in zip(candidates, rank.tolist(), strict=True) if above < keep_top]
+    return kept, len(tools)
+
+
+def hf_generate(model: Any, tokenizer: Any, *, seed: int = 0, batch_size: int = BATCH_SIZE,
+                max_new_tokens: int = MAX_NEW_TOKENS) -> Generate:
+    """A ``Generate`` sampling from a Hugging Face causal LM (temperature 0.7, top-p 0.9, seeded), in batches."""
+    import torch
+
+    tokenizer.padding_side = "left"  # the continuations start where the prompts end
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    pad = tokenizer.pad_token_id
+    newline = tokenizer.encode("\n", add_special_tokens=False)
+    stops = [tokenizer.eos_token_id, *newline[:1]] if len(newline) == 1 else tokenizer.eos_token_id  # one line
+
+    def generate(prompts: list[str]) -> list[str]:
+        torch.manual_seed(seed)
+        out: list[str] = []
+        for start in range(0, len(prompts), batch_size):
+            batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True)
+            with torch.inference_mode():
+                ids = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=True, temperature=0.7,
+                                     top_p=0.9, pad_token_id=pad, eos_token_id=stops)
+            out += tokenizer.batch_decode(ids[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+        return out
+
+    return generate
+
+
+def default_model_requests(registry: Registry, *, per_tool: int = 1, seed: int = 0) -> tuple[list[LabelledQuery], int]:
+    """``written_requests`` by the default instruct model without its adapter (the adapter only names tools), filtered
+    by all-MiniLM-L6-v2 retrieval."""
+    from transformers import AutoTokenizer
+
+    from tooltrie.ranker import Ranker
+    from tooltrie.serve.model import load_model
+
+    model, info = load_model(None, adapter=False)
+    generate = hf_generate(model, AutoTokenizer.from_pretrained(info.path), seed=seed)
+    return written_requests(registry, generate, Ranker(registry).similarities, per_tool=per_tool, seed=seed)
+
+
+__all__ = ["SHOTS", "default_model_requests", "first_lines", "hf_generate", "prompt_for", "written_requests"]
