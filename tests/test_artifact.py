@@ -17,7 +17,14 @@ from safetensors import safe_open
 from safetensors.numpy import save, save_file
 
 import tooltrie.compiler.cache as cache_module
-from tooltrie.compiler import CONSTANT_MEMORY_BUDGET, Artifact, Contract, TokenizerInfo, compile_cached
+from tooltrie.compiler import (
+    CONSTANT_MEMORY_BUDGET,
+    Artifact,
+    Contract,
+    TokenizerInfo,
+    compile_cached,
+    compile_registry,
+)
 from tooltrie.compiler.artifact import FORMAT, FORMAT_VERSION, arrays_sha256
 from tooltrie.compiler.cache import cache_key
 from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR
@@ -69,6 +76,17 @@ def test_save_load_roundtrip(catalog_artifact: Artifact, saved_catalog_artifact:
         assert loaded.token_path(answer) == catalog_artifact.token_path(answer) == smollm.encode(", ".join(answer))
 
 
+def test_a_registry_with_parameters_comes_back_whole(bfcl: Registry, smollm: TokenizerInfo, tmp_path: Path) -> None:
+    """The header carries every tool's parameters (the native list), so the artifact's registry is the file's."""
+    artifact = compile_registry(bfcl, smollm)
+    artifact.save(tmp_path / "bfcl.safetensors")
+    loaded = Artifact.load(tmp_path / "bfcl.safetensors")
+    assert sum(bool(tool.parameters) for tool in bfcl.tools) > 1_800
+    assert loaded.registry.tools == bfcl.tools
+    assert [tool.parameters for tool in loaded.registry.tools] == [tool.parameters for tool in bfcl.tools]
+    assert loaded.registry.sha256 == bfcl.sha256
+
+
 def test_header_fields(catalog_artifact: Artifact, saved_catalog_artifact: Path, catalog: Registry,
                        smollm: TokenizerInfo) -> None:
     header = _raw_header(saved_catalog_artifact)  # read straight from the file, not through Artifact
@@ -100,8 +118,6 @@ def test_header_fields(catalog_artifact: Artifact, saved_catalog_artifact: Path,
 
 def test_artifact_identity_depends_on_every_input(compiled: Callable[[str, str], Artifact], catalog: Registry,
                                                   smollm: TokenizerInfo) -> None:
-    from tooltrie.compiler import compile_registry
-
     base = compiled("catalog", "smollm2-135m")
     other_tokenizer = compiled("catalog", "gpt2")
     other_registry = compile_registry(make_registry([t.content() for t in catalog.tools[:-1]], name="catalog"),
