@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.serve import tiny_model
@@ -80,7 +82,7 @@ def test_written_requests_become_verified_records(smollm: TokenizerInfo, tmp_pat
 
 
 @pytest.fixture(scope="module")
-def hf_tokenizer() -> object:
+def hf_tokenizer() -> Any:
     transformers = pytest.importorskip("transformers")
     from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR
 
@@ -89,10 +91,20 @@ def hf_tokenizer() -> object:
     return tokenizer
 
 
-def test_hf_generate_writes_one_line_per_prompt_in_batches(hf_tokenizer: object) -> None:
+def test_hf_generate_shares_the_prefix_and_batches_without_changing_answers(hf_tokenizer: Any) -> None:
+    """Greedy, the shared prefix cache and the batches of one length give what a plain generate gives each prompt
+    alone; sampled, the same seed writes the same lines, one line each."""
     model = tiny_model()
-    prompts = [prompt_for(tool) for tool in REGISTRY.tools[:3]]
-    batched = hf_generate(model, hf_tokenizer, seed=3, batch_size=2, max_new_tokens=6)(prompts)
-    again = hf_generate(model, hf_tokenizer, seed=3, batch_size=2, max_new_tokens=6)(prompts)
-    assert len(batched) == 3 and batched == again
-    assert all(text.count("\n") <= 1 and (not text.count("\n") or text.endswith("\n")) for text in batched)
+    registry = make_registry([{"name": f"t{i}", "description": "Does " + "a bit more " * i} for i in range(5)],
+                             name="lengths")
+    prompts = [prompt_for(tool) for tool in [*registry.tools, registry.tools[1], registry.tools[3]]]
+    greedy = hf_generate(model, hf_tokenizer, batch_size=2, max_new_tokens=5, sample=False)(prompts)
+    for prompt, text in zip(prompts, greedy, strict=True):
+        ids = torch.tensor([hf_tokenizer.encode(prompt, add_special_tokens=False)])
+        alone = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False,
+                               eos_token_id=[hf_tokenizer.eos_token_id, *hf_tokenizer.encode("\n")],
+                               pad_token_id=hf_tokenizer.eos_token_id)
+        assert text == hf_tokenizer.decode(alone[0, ids.shape[1]:], skip_special_tokens=True)
+    sampled = hf_generate(model, hf_tokenizer, seed=3, batch_size=2, max_new_tokens=6)(prompts)
+    assert sampled == hf_generate(model, hf_tokenizer, seed=3, batch_size=2, max_new_tokens=6)(prompts)
+    assert all(text.count("\n") <= 1 and (not text.count("\n") or text.endswith("\n")) for text in sampled)

@@ -56,7 +56,7 @@ def add_gen_data_command(commands: Any) -> None:
     gen.add_argument("--self-instruct", type=int, default=0, metavar="N",
                      help="add N requests per tool written by the default model (without its adapter) from the "
                           "tool's text, kept when retrieval ranks the tool among its top 10 (needs the model and "
-                          "retrieval extras; about 10 minutes for 1,853 tools on 2 cores; default 0)")
+                          "retrieval extras; slow on a CPU: about 2 s per tool on one core; default 0)")
     gen.add_argument("-o", "--output", type=Path, required=True, help="directory to write (replaced atomically)")
     gen.set_defaults(run=_gen_data)
 

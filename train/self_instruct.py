@@ -13,6 +13,7 @@ labelled with its tool; the answers are trie paths like every other record's.
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -72,29 +73,54 @@ def written_requests(registry: Registry, generate: Generate, similarities: Calla
 
 
 def hf_generate(model: Any, tokenizer: Any, *, seed: int = 0, batch_size: int = BATCH_SIZE,
-                max_new_tokens: int = MAX_NEW_TOKENS) -> Generate:
-    """A ``Generate`` sampling from a Hugging Face causal LM (temperature 0.7, top-p 0.9, seeded), in batches."""
+                max_new_tokens: int = MAX_NEW_TOKENS, sample: bool = True) -> Generate:
+    """A ``Generate`` writing one line per prompt with a Hugging Face causal LM: sampled (temperature 0.7, top-p 0.9,
+    seeded), or greedy without ``sample``.
+
+    The prompts' common prefix (the few-shot part) is run once; its key/value cache is repeated for each batch of
+    prompts of one length, so nothing is padded and only each tool's own text is computed.
+    """
     import torch
 
-    tokenizer.padding_side = "left"  # the continuations start where the prompts end
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    pad = tokenizer.pad_token_id
     newline = tokenizer.encode("\n", add_special_tokens=False)
-    stops = [tokenizer.eos_token_id, *newline[:1]] if len(newline) == 1 else tokenizer.eos_token_id  # one line
+    stops = [tokenizer.eos_token_id, *newline] if len(newline) == 1 else [tokenizer.eos_token_id]
+    sampling: dict[str, Any] = {"do_sample": True, "temperature": 0.7, "top_p": 0.9} if sample else {
+        "do_sample": False}
 
     def generate(prompts: list[str]) -> list[str]:
+        if not prompts:
+            return []
+        rows = [tokenizer.encode(prompt, add_special_tokens=False) for prompt in prompts]
+        shared = min(_common_prefix(rows), min(map(len, rows)) - 1)  # at least one token left for generate
+        with torch.inference_mode():
+            prefix = model(input_ids=torch.tensor([rows[0][:shared]]), use_cache=True).past_key_values
+        by_length: dict[int, list[int]] = {}
+        for i, row in enumerate(rows):
+            by_length.setdefault(len(row), []).append(i)
+        out = [""] * len(prompts)
         torch.manual_seed(seed)
-        out: list[str] = []
-        for start in range(0, len(prompts), batch_size):
-            batch = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True)
-            with torch.inference_mode():
-                ids = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=True, temperature=0.7,
-                                     top_p=0.9, pad_token_id=pad, eos_token_id=stops)
-            out += tokenizer.batch_decode(ids[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+        for length, members in sorted(by_length.items()):
+            for start in range(0, len(members), batch_size):
+                batch = members[start : start + batch_size]
+                cache = copy.deepcopy(prefix)
+                cache.batch_repeat_interleave(len(batch))
+                ids = torch.tensor([rows[i] for i in batch])
+                with torch.inference_mode():
+                    generated = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
+                                               max_new_tokens=max_new_tokens, eos_token_id=stops,
+                                               pad_token_id=tokenizer.eos_token_id, **sampling)
+                texts = tokenizer.batch_decode(generated[:, length:], skip_special_tokens=True)
+                for i, text in zip(batch, texts, strict=True):
+                    out[i] = text
         return out
 
     return generate
+
+
+def _common_prefix(rows: list[list[int]]) -> int:
+    first = rows[0]
+    return min(next((j for j, (a, b) in enumerate(zip(first, row, strict=False)) if a != b), min(len(first), len(row)))
+               for row in rows)
 
 
 def default_model_requests(registry: Registry, *, per_tool: int = 1, seed: int = 0) -> tuple[list[LabelledQuery], int]:
