@@ -166,8 +166,15 @@ class Engine:
             self._prompts[k] = self.prompt_parts(k)
         text, suffix = self._prompts[k]
         if text not in self._prefixes:
+            ids = self.tokenizer.encode(text)
+            context = getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
+            if context is not None and len(ids) >= context:  # e.g. a large registry listed in a catalog prompt
+                listed = " (it lists every tool: use the short prompt style)" if "{catalog}" in self.prompt.system \
+                    else ""
+                raise DecodeError(f"the prompt for registry {self.artifact.registry.name!r} takes {len(ids):,} "
+                                  f"tokens and the model reads at most {context:,}{listed}")
             with torch.inference_mode():
-                self._prefixes[text] = self.decoder.prefix(self.tokenizer.encode(text))
+                self._prefixes[text] = self.decoder.prefix(ids)
         return text, self._prefixes[text], suffix
 
     # -- the loop ---------------------------------------------------------------------------------------------

@@ -579,6 +579,19 @@ def test_k_outside_one_to_n_tools_is_refused_before_anything_runs(model: Any, sm
     assert calls == [0]
 
 
+def test_a_prompt_longer_than_the_model_reads_is_refused_before_any_pass(smollm: TokenizerInfo, bfcl: Any) -> None:
+    """BFCL's 1,853 tools listed in the catalog prompt would take ~100,000 tokens: a clear error, not an attempt to
+    allocate the attention of a prompt the model cannot read (the tiny model reads 2,048)."""
+    from tooltrie.serve.prompt import Prompt
+
+    model = tiny_model()
+    engine = Engine(model, smollm, compile_registry(bfcl, smollm), prompt=Prompt.style("catalog"))
+    with _count_calls(model.get_decoder().embed_tokens) as calls, pytest.raises(
+            DecodeError, match=r"registry 'bfcl' takes [\d,]+ tokens and the model reads at most 2,048 \(it lists"):
+        engine.run([Request("hi", 1)])
+    assert calls == [0]
+
+
 def test_artifact_for_another_tokenizer_is_refused(model: Any, smollm: TokenizerInfo, gpt2: TokenizerInfo) -> None:
     registry = make_registry([{"name": name} for name in SMALL_NAMES], name="small")
     for_gpt2 = compile_registry(registry, gpt2)
