@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=None, help="N evenly spaced queries")
     parser.add_argument("--base", action="store_true", help="the base model without the bundled adapter")
     parser.add_argument("--model", default=None, help="a model directory or adapter (default: the bundled one)")
+    parser.add_argument("--prompt-style", default=None, help="catalog or short (default: what the model expects)")
     parser.add_argument("-o", "--output", type=Path, required=True)
     args = parser.parse_args(argv)
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     weights = [float(w) for w in args.weights.split(",")]
     arms = {f"fused-{w:g}": weighted_arm(w) for w in weights}
     backends.ARMS.update(arms)
-    setup = EvalSetup(model=model, tokenizer=tokenizer, artifact=artifact, prompt=Prompt.style(info.prompt_style),
+    setup = EvalSetup(model=model, tokenizer=tokenizer, artifact=artifact, prompt=Prompt.style(args.prompt_style or info.prompt_style),
                       options={"ranker": "model"})
     results: dict[str, Any] = evaluate(queries, ["retrieval", "engine", *arms], setup,
                                        meta={"dataset": name, "split": split, "model": info.name,
