@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from support.serve import tiny_model
 
 from tooltrie.compiler import TokenizerInfo, compile_registry
-from tooltrie.registry import make_registry
+from tooltrie.registry import BFCL_PATH, CATALOG_PATH, load_registry, make_registry
 from tooltrie.train.self_instruct import SHOTS, hf_generate, prompt_for, written_requests
 from tooltrie.train.training_data import generate_training_data
 
@@ -63,10 +63,12 @@ def _usable(text: str, prompt: str) -> bool:
     return bool(line) and not line.startswith("Tool:") and tool not in line
 
 
-def test_the_prompt_ends_with_the_tool_and_the_shots_name_no_registry_tool() -> None:
+def test_the_prompt_ends_with_the_tool_and_the_shots_name_no_bundled_tool() -> None:
     prompt = prompt_for(REGISTRY.tools[2])
     assert prompt.endswith("Tool: tool_2: Does task 2.\nRequest:")
     assert prompt.count("Request:") == len(SHOTS) + 1
+    bundled = {name for path in (CATALOG_PATH, BFCL_PATH) for name in load_registry(path).names}
+    assert not {text.split(":", 1)[0] for text, _ in SHOTS} & bundled
 
 
 def test_written_requests_become_verified_records(smollm: TokenizerInfo, tmp_path: Path) -> None:

@@ -26,11 +26,11 @@ from tooltrie.retrieval import tool_text
 
 # Made-up tools (none of any bundled registry), each with a request as users write them: concrete values, no names.
 SHOTS = (
-    ("get_weather: Current weather and the forecast for a city. Parameters: city (The city's name.); days (Days "
+    ("weather_outlook: Current weather and the forecast for a city. Parameters: city (The city's name.); days (Days "
      "ahead.)", "Will it rain in Oslo in the next 3 days?"),
-    ("convert_currency: Convert an amount of money between currencies. Parameters: amount (The amount.); source "
+    ("money_exchange: Convert an amount of money between currencies. Parameters: amount (The amount.); source "
      "(Currency code.); target (Currency code.)", "How much is 250 US dollars in euros?"),
-    ("find_restaurants: Find restaurants near a place. Parameters: location (Where.); cuisine (Kind of food.)",
+    ("eatery_search: Find restaurants near a place. Parameters: location (Where.); cuisine (Kind of food.)",
      "Find me a sushi place near Union Square."),
 )
 KEEP_TOP = 10  # a written request is kept when retrieval ranks its tool among this many
