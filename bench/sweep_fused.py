@@ -60,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     weights = [float(w) for w in args.weights.split(",")]
     arms = {f"fused-{w:g}": weighted_arm(w) for w in weights}
     backends.ARMS.update(arms)
-    setup = EvalSetup(model=model, tokenizer=tokenizer, artifact=artifact, prompt=Prompt.style(args.prompt_style or info.prompt_style),
-                      options={"ranker": "model"})
+    setup = EvalSetup(model=model, tokenizer=tokenizer, artifact=artifact,
+                      prompt=Prompt.style(args.prompt_style or info.prompt_style), options={"ranker": "model"})
     results: dict[str, Any] = evaluate(queries, ["retrieval", "engine", *arms], setup,
                                        meta={"dataset": name, "split": split, "model": info.name,
                                              "adapter": None if info.adapter is None else str(info.adapter.path),
