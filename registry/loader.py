@@ -31,7 +31,7 @@ import yaml
 from tooltrie.errors import RegistryError
 from tooltrie.registry.model import Parameter, Registry, Tool
 from tooltrie.registry.parameters import parameters
-from tooltrie.registry.problems import Problem, RegistryProblems
+from tooltrie.registry.problems import Problem, RegistryProblems, kind
 
 _NATIVE_TOP_KEYS = frozenset({"name", "description", "source", "license", "tools"})
 _NATIVE_TOOL_KEYS = frozenset({"name", "description", "pointer", "tags", "examples", "parameters"})
@@ -130,7 +130,7 @@ def _read_native_yaml(text: str, source: str, name: str) -> tuple[list[_Record],
     finally:
         loader.dispose()
     if not isinstance(data, dict):
-        raise RegistryError(f"{source}: expected a mapping with a 'tools' list at the top level, got {_kind(data)}")
+        raise RegistryError(f"{source}: expected a mapping with a 'tools' list at the top level, got {kind(data)}")
     if root is not None:
         _refuse_duplicate_keys(root, source)
     unknown = sorted(set(map(str, data)) - _NATIVE_TOP_KEYS)
@@ -140,7 +140,7 @@ def _read_native_yaml(text: str, source: str, name: str) -> tuple[list[_Record],
         )
     tools = data.get("tools")
     if not isinstance(tools, list):
-        raise RegistryError(f"{source}: 'tools' must be a list of tools, got {_kind(tools)}")
+        raise RegistryError(f"{source}: 'tools' must be a list of tools, got {kind(tools)}")
     tool_nodes = next(value for key, value in root.value if key.value == "tools").value  # type: ignore[union-attr]
     records = [_Record(raw, f"{source}:{node.start_mark.line + 1} (tools[{i}])")
                for i, (raw, node) in enumerate(zip(tools, tool_nodes, strict=True))]
@@ -215,7 +215,7 @@ def _read_json(text: str, source: str) -> Iterator[_Record]:
     if not isinstance(data, list):
         raise RegistryError(
             f"{source}: expected an OpenAI tools list or an MCP tools/list result ({{\"tools\": [...]}}), "
-            f"got {_kind(data)}"
+            f"got {kind(data)}"
         )
     for i, entry in enumerate(data):
         where = f"{source} (tools[{i}])"
@@ -225,7 +225,7 @@ def _read_json(text: str, source: str) -> Iterator[_Record]:
                 continue
             if not isinstance(entry.get("function"), dict):
                 yield _Record(None, f"{where}.function",
-                              refused=f"expected a mapping (an object), got {_kind(entry.get('function'))}")
+                              refused=f"expected a mapping (an object), got {kind(entry.get('function'))}")
                 continue
             entry = entry["function"]
         yield _Record(entry, where)
@@ -239,12 +239,12 @@ def _tool_from_record(record: _Record, *, strict: bool, registry_name: str, prob
     """
     where, fields = record.where, record.fields
     if record.refused is not None or not isinstance(fields, dict):
-        detail = record.refused or f"expected a mapping (an object), got {_kind(fields)}"
+        detail = record.refused or f"expected a mapping (an object), got {kind(fields)}"
         problems.append(Problem("entry", where, None, detail))
         return None
     name = fields.get("name")
     if not isinstance(name, str):
-        problems.append(Problem("entry", where, None, f"tool name must be a string, got {_kind(name)}"))
+        problems.append(Problem("entry", where, None, f"tool name must be a string, got {kind(name)}"))
         return None
     found: list[tuple[str, str]] = []  # (cause, detail)
     if not (name.isprintable() and name and name == name.strip()):  # printable: no line break, no surrogate
@@ -256,7 +256,7 @@ def _tool_from_record(record: _Record, *, strict: bool, registry_name: str, prob
     if description is None:
         description = ""
     elif not isinstance(description, str):
-        found.append(("entry", f"description must be a string, got {_kind(description)}"))
+        found.append(("entry", f"description must be a string, got {kind(description)}"))
     pointer = fields.get("pointer", f"{registry_name}/{name}")
     if not isinstance(pointer, str) or not pointer.strip():
         found.append(("entry", f"pointer must be a non-empty string, got {pointer!r}"))
@@ -335,6 +335,3 @@ def _texts(value: Any) -> list[str]:
         return [value]
     return [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
 
-
-def _kind(value: Any) -> str:
-    return "nothing" if value is None else f"{type(value).__name__} {value!r:.60}"

@@ -110,3 +110,8 @@ class RegistryProblems(RegistryError):
 def raise_if_any(problems: Sequence[Problem], *, source: str) -> None:
     if problems:
         raise RegistryProblems(problems, source=source)
+
+
+def kind(value: Any) -> str:
+    """What a value is, for a message that says what was expected instead: ``"int 3"``, ``"nothing"``."""
+    return "nothing" if value is None else f"{type(value).__name__} {value!r:.60}"
