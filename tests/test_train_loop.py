@@ -12,13 +12,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from support.serve import SMALL_NAMES, small_artifact, tiny_model
-from support.train import write_training_data
+from support.train import SMALL_LABELLED, write_training_data
 
 from tooltrie.cli import main
-from tooltrie.compiler import TokenizerInfo
+from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
+from tooltrie.registry import make_registry
 from tooltrie.serve.adapter import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, read_adapter
 from tooltrie.serve.model import model_fingerprint
-from tooltrie.train.data import TrainingData, load_training_data
+from tooltrie.train import trainer
+from tooltrie.train.batches import make_batch
+from tooltrie.train.data import TrainingData, TrainingDataError, load_training_data
 from tooltrie.train.settings import LoraSettings, TrainSettings
 from tooltrie.train.trainer import TrainResult, train
 
@@ -26,6 +29,14 @@ from tooltrie.train.trainer import TrainResult, train
 # (balanced sampling, the default, draws with replacement; test_a_balanced_run_draws_and_records_its_sampling).
 FAST = TrainSettings(steps=12, batch_size=4, learning_rate=2e-2, warmup_steps=2, eval_every=6, eval_examples=4,
                      lora=LoraSettings(rank=4, alpha=8, dropout=0.0), sampling="shuffled")
+
+
+def _mail_artifact(smollm: TokenizerInfo) -> Artifact:
+    return compile_registry(make_registry([{"name": "send_mail"}, {"name": "read_mail"}], name="mail"), smollm)
+
+
+OTHER_LABELLED = (("Send the message", ("send_mail",)), ("Read my inbox", ("read_mail",)),
+                  ("Mail it, then read the replies", ("send_mail", "read_mail")))
 
 
 @pytest.fixture(scope="module")
@@ -113,14 +124,18 @@ def test_tooltrie_train_writes_an_adapter(data: TrainingData, smollm: TokenizerI
     registry = tmp_path / "small.yaml"
     registry.write_text("name: small\ntools:\n" + "".join(f"  - name: {name}\n" for name in SMALL_NAMES),
                         encoding="utf-8")
+    mail = tmp_path / "mail.yaml"
+    mail.write_text("name: mail\ntools:\n  - name: send_mail\n  - name: read_mail\n", encoding="utf-8")
+    mail_data = write_training_data(tmp_path / "mail", _mail_artifact(smollm), smollm, OTHER_LABELLED,
+                                    OTHER_LABELLED[:1])
     monkeypatch.setenv("TOOLTRIE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)  # the base given relative: the record names it resolved, peft as it was loaded
     code = main(["train", str(data.directory), "-o", str(tmp_path / "out"), "--base-model", "tiny",
                  "--tokenizer", "smollm2-135m", "--registry", str(registry), "--steps", "2", "--batch-size", "4",
-                 "--rank", "2", "--eval-examples", "4", "--quiet"])
+                 "--rank", "2", "--eval-examples", "4", "--quiet", "--also", str(mail_data), str(mail)])
     err = capsys.readouterr().err
     assert code == 0, err
-    assert "8 training examples (4 for validation) of registry 'small'" in err
+    assert "8 training examples (4 for validation) of registry 'small' and 3 of registry 'mail'" in err
     assert "tooltrie train: adapter" in err and "constrained exact" in err
     record = read_adapter(tmp_path / "out")
     assert record.base_model == str(base.resolve()) and record.record["lora"]["rank"] == 2
@@ -146,3 +161,40 @@ def test_top_layers_adapts_the_last_blocks_only(data: TrainingData, smollm: Toke
     with pytest.raises(TrainingSetupError, match="top_layers is 3 but the model has 2 blocks"):
         _train(data, smollm, tmp_path / "too-many",
                TrainSettings(**{**settings.__dict__, "lora": LoraSettings(top_layers=3)}))
+
+
+def test_data_of_another_registry_is_drawn_from_and_recorded(data: TrainingData, smollm: TokenizerInfo,
+                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    other_artifact = _mail_artifact(smollm)
+    other = load_training_data(write_training_data(tmp_path / "mail", other_artifact, smollm, OTHER_LABELLED,
+                                                   OTHER_LABELLED[:1]), other_artifact)
+    seen: list[str] = []
+
+    def spy(examples: Any, **options: Any) -> Any:
+        seen.extend(example.query for example in examples)
+        return make_batch(examples, **options)
+
+    monkeypatch.setattr(trainer, "make_batch", spy)
+    settings = TrainSettings(**{**FAST.__dict__, "steps": 6, "eval_every": 0})
+    result = train(data, small_artifact(smollm), copy.deepcopy(tiny_model()), base_name="tiny",
+                   output=tmp_path / "adapter", settings=settings, progress=False, also=[other])
+    trained = seen[: 6 * settings.batch_size]  # the steps' batches, then validation's
+    assert {query for query, _ in OTHER_LABELLED} <= set(trained)  # shuffled epochs: every example is drawn
+    assert {query for query, _ in SMALL_LABELLED} <= set(trained)
+    record = read_adapter(result.output)
+    assert record.registry_name == "small"  # the adapter is the primary registry's
+    assert record.record["training"]["also"] == [{"directory": str(other.directory), "train_examples": 3,
+                                                  "registry": {"name": "mail",
+                                                               "sha256": other_artifact.registry.sha256}}]
+    assert record.record["training"]["epochs"] == round(6 * 4 / 11, 3)
+
+
+def test_data_made_otherwise_is_refused(data: TrainingData, smollm: TokenizerInfo, tmp_path: Path) -> None:
+    directory = write_training_data(tmp_path / "catalog-style", small_artifact(smollm), smollm)
+    meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+    (directory / "meta.json").write_text(json.dumps({**meta, "prompt": {"style": "catalog"}}), encoding="utf-8")
+    other = load_training_data(directory, small_artifact(smollm))
+    with pytest.raises(TrainingDataError, match=r"catalog-style/meta.json: prompt_style is 'catalog', but 'short'"):
+        train(data, small_artifact(smollm), tiny_model(), base_name="tiny", output=tmp_path / "adapter",
+              settings=FAST, progress=False, also=[other])
+    assert not (tmp_path / "adapter").exists()

@@ -75,6 +75,9 @@ def add_train_command(commands: Any) -> None:
                      help="the registry file or compiled artifact the data was made from (default: the bundled "
                           "catalog)")
     add_separator_option(cmd)
+    cmd.add_argument("--also", nargs=2, action="append", default=[], metavar=("DATA", "REGISTRY"),
+                     help="training data made for another registry (file or artifact), drawn from with DATA's: e.g. "
+                          "a registry's own text beside labelled queries of another; repeatable")
     cmd.add_argument("--base-model", default=None,
                      help="base model directory (default: SmolLM2-135M-Instruct, without any adapter)")
     cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the base model's)")
@@ -130,16 +133,21 @@ def run_train(args: argparse.Namespace) -> int:
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     settings = settings_from_args(args)
     registry = registry_of(args.registry or CATALOG_PATH)  # a bad file is refused before the model loads
+    for _, source in args.also:
+        registry_of(source)
     model, info = load_model(args.base_model, adapter=False)
     tokenizer = TokenizerInfo.load(args.tokenizer or info.tokenizer)
     artifact = artifact_from(args.registry or CATALOG_PATH, tokenizer, separator=args.separator)
     data = load_training_data(args.data, artifact)
+    also = [load_training_data(directory, artifact_from(source, tokenizer, separator=args.separator))
+            for directory, source in args.also]
     base_name = DEFAULT_MODEL_NAME if info.name == DEFAULT_MODEL_NAME else str(info.path.resolve())
+    others = "".join(f" and {len(other.train)} of registry {other.meta.registry_name!r}" for other in also)
     print(f"tooltrie train: {len(data.train)} training examples ({len(data.validation)} for validation) of "
-          f"registry {registry.name!r}; base {base_name}; {settings.steps} steps of {settings.batch_size}, "
+          f"registry {registry.name!r}{others}; base {base_name}; {settings.steps} steps of {settings.batch_size}, "
           f"{settings.loss} loss, LoRA rank {settings.lora.rank}", file=sys.stderr)
     result = train(data, artifact, model, base_name=base_name, output=args.output, settings=settings,
-                   log_path=args.log, progress=not args.quiet)
+                   log_path=args.log, progress=not args.quiet, also=also)
     size = sum(f.stat().st_size for f in result.output.iterdir() if f.is_file())
     summary = result.validation or {}
     print(f"tooltrie train: adapter {result.output} ({size / 1e6:.1f} MB) after {result.seconds / 60:.1f} min; "

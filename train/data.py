@@ -25,8 +25,8 @@ from tooltrie.compiler.artifact import Artifact
 from tooltrie.errors import TooltrieError
 from tooltrie.kernels.matcher import TrieMatcher
 
-__all__ = ["DataMeta", "Example", "TrainingData", "TrainingDataError", "example_from_record", "load_training_data",
-           "read_meta"]
+__all__ = ["DataMeta", "Example", "TrainingData", "TrainingDataError", "check_alike", "example_from_record",
+           "load_training_data", "read_meta"]
 
 SPLIT_FILES = {"train": "train.jsonl", "validation": "validation.jsonl"}
 META_FILE = "meta.json"
@@ -106,6 +106,16 @@ def check_meta(meta: DataMeta, artifact: Artifact, *, where: str) -> None:
     if problems:
         raise TrainingDataError(f"{where}: the data does not fit this artifact: {'; '.join(problems)}; regenerate "
                                 "it for this registry (`make training-data REGISTRY=...`)")
+
+
+def check_alike(data: TrainingData, other: TrainingData) -> None:
+    """Data made for another registry trains the same adapter only when its records were made alike: the same
+    tokenizer (the ids mean the same), contract (answers end alike) and prompt style (the adapter records one)."""
+    for name in ("tokenizer_fingerprint", "contract_sha256", "prompt_style"):
+        mine, theirs = getattr(data.meta, name), getattr(other.meta, name)
+        if mine != theirs:
+            raise TrainingDataError(f"{other.directory / META_FILE}: {name} is {theirs!r}, but {mine!r} in "
+                                    f"{data.directory / META_FILE}; data trained together must be made alike")
 
 
 def load_training_data(directory: str | Path, artifact: Artifact) -> TrainingData:

@@ -30,7 +30,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from tooltrie.compiler.artifact import Artifact
 from tooltrie.serve.adapter import write_adapter
 from tooltrie.train.batches import balanced_batches, make_batch, shuffled_batches, stratified_sample
-from tooltrie.train.data import Example, TrainingData
+from tooltrie.train.data import Example, TrainingData, check_alike
 from tooltrie.train.lora import attach_lora, lora_tensors
 from tooltrie.train.loss import LOSSES, ValidationTotals, answer_hidden
 from tooltrie.train.settings import TrainSettings
@@ -50,9 +50,15 @@ class TrainResult:
 
 def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str, output: str | Path,
           settings: TrainSettings | None = None, log_path: str | Path | None = None,
-          progress: bool = True, ranker: Mapping[str, Any] | None = None) -> TrainResult:
+          progress: bool = True, ranker: Mapping[str, Any] | None = None,
+          also: Sequence[TrainingData] = ()) -> TrainResult:
     """Fine-tune ``model`` (a Hugging Face causal LM, float32; changed in place: LoRA layers are injected) on
     ``data`` made for ``artifact``, and write the adapter to ``output``.
+
+    ``also``: training data made alike for other registries (``check_alike``), drawn from with ``data``'s; e.g. a
+    registry's text beside another's labelled queries, so the adapter learns how requests read on tools it was not
+    given labels for. The adapter is ``artifact``'s: validation, its record's registry and ``--ranker auto`` are
+    that registry's; the others are listed in the record.
 
     ``base_name`` is what the adapter records as its base: the default model's name, or the base's directory.
     The log (JSON lines) goes to ``log_path``, by default ``<output>.log.jsonl`` beside the adapter. ``ranker``: what
@@ -61,6 +67,8 @@ def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str,
     from tooltrie.serve.model import model_fingerprint
 
     settings = settings or TrainSettings()
+    for other in also:
+        check_alike(data, other)
     out = Path(output)
     log_file = Path(log_path) if log_path is not None else out.with_name(out.name + ".log.jsonl")
     base_fingerprint = model_fingerprint(model)
@@ -72,13 +80,13 @@ def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str,
         with torch.random.fork_rng(devices=[]), log_file.open("w", encoding="utf-8") as log:
             torch.manual_seed(settings.seed)
             peft_model = attach_lora(model, settings.lora)
-            loop = _Loop(peft_model, artifact, data, settings, log, progress=progress, started=started)
+            loop = _Loop(peft_model, artifact, data, also, settings, log, progress=progress, started=started)
             loop.run()
             tensors, config = lora_tensors(peft_model)
     finally:
         torch.set_num_threads(previous_threads)
     seconds = time.perf_counter() - started
-    record = _record(data, artifact, settings, base_name=base_name, base_fingerprint=base_fingerprint,
+    record = _record(data, also, artifact, settings, base_name=base_name, base_fingerprint=base_fingerprint,
                      loop=loop, seconds=seconds, parameters=sum(t.numel() for t in tensors.values()))
     if ranker is not None:
         record["ranker"] = dict(ranker)
@@ -88,8 +96,8 @@ def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str,
 
 
 class _Loop:
-    def __init__(self, peft_model: Any, artifact: Artifact, data: TrainingData, settings: TrainSettings,
-                 log: IO[str], *, progress: bool, started: float) -> None:
+    def __init__(self, peft_model: Any, artifact: Artifact, data: TrainingData, also: Sequence[TrainingData],
+                 settings: TrainSettings, log: IO[str], *, progress: bool, started: float) -> None:
         self.model, self.settings, self.log, self.progress, self.started = peft_model, settings, log, progress, started
         base = peft_model.get_base_model()
         self.decoder = base.get_decoder()
@@ -100,7 +108,7 @@ class _Loop:
         self.optimizer = torch.optim.AdamW(self.trainable, lr=settings.learning_rate,
                                            weight_decay=settings.weight_decay)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.train_examples = data.train
+        self.train_examples = [*data.train, *(example for other in also for example in other.train)]
         self.validation = _sample(data.validation, settings.eval_examples, seed=settings.seed)
         self.losses: list[tuple[int, float]] = []
         self.validations: list[dict[str, Any]] = []
@@ -179,13 +187,15 @@ class _Loop:
         self.log.flush()
 
 
-def _record(data: TrainingData, artifact: Artifact, settings: TrainSettings, *, base_name: str,
+def _record(data: TrainingData, also: Sequence[TrainingData], artifact: Artifact, settings: TrainSettings, *,
+            base_name: str,
             base_fingerprint: str, loop: _Loop, seconds: float, parameters: int) -> dict[str, Any]:
     registry = artifact.registry
     every = max(1, settings.steps // 100)  # about 100 points on the curve, each the mean of its steps
     curve = [[chunk[-1][0], round(sum(loss for _, loss in chunk) / len(chunk), 4)]
              for chunk in _chunks(loop.losses, every)]
     examples_seen = settings.steps * settings.batch_size
+    train_examples = len(loop.train_examples)
     return {
         "base_model": {"name": base_name, "fingerprint": base_fingerprint},
         "registry": {"name": registry.name, "sha256": registry.sha256, "tools": len(registry)},
@@ -199,8 +209,11 @@ def _record(data: TrainingData, artifact: Artifact, settings: TrainSettings, *, 
             "settings": {k: v for k, v in asdict(settings).items() if k != "lora"},
             "data": {"directory": str(data.directory), "train_examples": len(data.train),
                      "validation_examples": len(data.validation), "meta": dict(data.meta.raw)},
+            "also": [{"directory": str(other.directory), "train_examples": len(other.train),
+                      "registry": {"name": other.meta.registry_name, "sha256": other.meta.registry_sha256}}
+                     for other in also],
             "examples_seen": examples_seen,
-            "epochs": round(examples_seen / len(data.train), 3),
+            "epochs": round(examples_seen / train_examples, 3),
             "seconds": round(seconds, 1),
             "train_step_seconds": round(loop.train_seconds / settings.steps, 3),
             "train_step_cpu_seconds": round(loop.train_cpu_seconds / settings.steps, 3),
