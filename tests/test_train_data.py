@@ -6,7 +6,9 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import random
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -184,6 +186,38 @@ def test_balanced_batches_weigh_every_gold_set_alike_and_the_rare_k_by_its_squar
     assert len(b_queries) == 10  # within a gold set every example is drawn
     with pytest.raises(ValueError, match="no examples"):
         next(balanced_batches([], 2, seed=0))
+
+
+def _one_set_reference(examples: list[Example], batch_size: int, seed: int, bucket: int) -> Iterator[list[Example]]:
+    """The balanced stream as written for a single set: every shipped adapter was trained on this stream."""
+    groups: dict[int, dict[frozenset[str], list[Example]]] = {}
+    for example in examples:
+        groups.setdefault(example.k, {}).setdefault(stratum(example), []).append(example)
+    ks = sorted(groups)
+    k_weights = [math.sqrt(sum(len(members) for members in groups[k].values())) for k in ks]
+    strata = {k: [groups[k][key] for key in sorted(groups[k], key=sorted)] for k in ks}
+    rng = random.Random(seed)
+    while True:
+        draws = [rng.choice(rng.choice(strata[k])) for k in rng.choices(ks, weights=k_weights, k=batch_size * bucket)]
+        draws.sort(key=lambda e: len(e.prompt_ids) + len(e.completion_ids))
+        batches = [draws[i : i + batch_size] for i in range(0, len(draws), batch_size)]
+        rng.shuffle(batches)
+        yield from batches
+
+
+def test_balanced_batches_of_several_sets_draw_each_by_its_size_and_balance_it_alone() -> None:
+    catalog = [_example(f"a{i}", "A") for i in range(90)] + [_example(f"b{i}", "B") for i in range(10)]
+    other = [_example(f"t{i}", f"T{i}") for i in range(50)]  # 50 tools, one example each
+    one = list(itertools.islice(balanced_batches(catalog, 8, seed=5, bucket=4), 30))
+    assert one == list(itertools.islice(_one_set_reference(catalog, 8, 5, 4), 30))  # one set: the stream as it was
+    batches = list(itertools.islice(balanced_batches(catalog, 8, seed=5, bucket=4, also=[other]), 2000))
+    drawn = [e for batch in batches for e in batch]
+    from_other = sum(e.tools[0].startswith("T") for e in drawn)
+    assert from_other / len(drawn) == pytest.approx(50 / 150, abs=0.02)  # by size, not by the 52 gold sets
+    in_catalog = Counter(e.tools for e in drawn if not e.tools[0].startswith("T"))
+    assert in_catalog[("A",)] / in_catalog[("B",)] == pytest.approx(1, abs=0.1)  # each set balanced alone
+    with pytest.raises(ValueError, match="no examples"):
+        next(balanced_batches(catalog, 2, seed=0, also=[[]]))
 
 
 @settings(deadline=None)  # a loaded CI machine must not fail a test on time

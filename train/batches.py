@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -122,8 +123,8 @@ def shuffled_batches(examples: Sequence[Example], batch_size: int, *, seed: int,
         yield from batches
 
 
-def balanced_batches(examples: Sequence[Example], batch_size: int, *, seed: int,
-                     bucket: int = 32) -> Iterator[list[Example]]:
+def balanced_batches(examples: Sequence[Example], batch_size: int, *, seed: int, bucket: int = 32,
+                     also: Sequence[Sequence[Example]] = ()) -> Iterator[list[Example]]:
     """An endless stream of full batches drawn (with replacement, seeded) so every answer set counts alike.
 
     The catalog's queries are far from even: FinanceTool has 1,022 training queries, ProductComparison 2, and the
@@ -133,26 +134,42 @@ def balanced_batches(examples: Sequence[Example], batch_size: int, *, seed: int,
     more than its share, not an equal one), then a stratum of that k (``stratum``: the unordered gold set)
     uniformly, then one of its examples uniformly. Windows of ``bucket`` batches are sorted by length, as in
     ``shuffled_batches``.
+
+    ``also``: other sets of examples (another registry's data), each balanced on its own; a draw first picks a set
+    with weight proportional to its size, so a registry of many tools does not drown one of few.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    if not examples:
-        raise ValueError("no examples to draw batches from")
-    groups: dict[int, dict[frozenset[str], list[Example]]] = {}
-    for example in examples:
-        groups.setdefault(example.k, {}).setdefault(stratum(example), []).append(example)
-    ks = sorted(groups)
-    k_weights = [math.sqrt(sum(len(members) for members in groups[k].values())) for k in ks]
-    strata = {k: [groups[k][key] for key in sorted(groups[k], key=sorted)] for k in ks}
-    rng = random.Random(seed)
+    sets = [_Balanced(members) for members in (examples, *also)]
+    weights = [len(members) for members in (examples, *also)]
+    rng, window = random.Random(seed), batch_size * bucket
     while True:
-        draws = []
-        for k in rng.choices(ks, weights=k_weights, k=batch_size * bucket):
-            draws.append(rng.choice(rng.choice(strata[k])))
+        if len(sets) == 1:  # no choice of set drawn: one set's stream is what it was before sets could be mixed
+            draws = sets[0].draw(rng, window)
+        else:
+            counts = Counter(rng.choices(range(len(sets)), weights=weights, k=window))
+            draws = [example for i, one in enumerate(sets) for example in one.draw(rng, counts[i])]
         draws.sort(key=_length)
         batches = [draws[i : i + batch_size] for i in range(0, len(draws), batch_size)]
         rng.shuffle(batches)
         yield from batches
+
+
+class _Balanced:
+    """One set's balanced draw: k by the square root of its count, then a stratum, then an example."""
+
+    def __init__(self, examples: Sequence[Example]) -> None:
+        if not examples:
+            raise ValueError("no examples to draw batches from")
+        groups: dict[int, dict[frozenset[str], list[Example]]] = {}
+        for example in examples:
+            groups.setdefault(example.k, {}).setdefault(stratum(example), []).append(example)
+        self.ks = sorted(groups)
+        self.k_weights = [math.sqrt(sum(len(members) for members in groups[k].values())) for k in self.ks]
+        self.strata = {k: [groups[k][key] for key in sorted(groups[k], key=sorted)] for k in self.ks}
+
+    def draw(self, rng: random.Random, count: int) -> list[Example]:
+        return [rng.choice(rng.choice(self.strata[k])) for k in rng.choices(self.ks, weights=self.k_weights, k=count)]
 
 
 def stratum(example: Example) -> frozenset[str]:

@@ -108,7 +108,7 @@ class _Loop:
         self.optimizer = torch.optim.AdamW(self.trainable, lr=settings.learning_rate,
                                            weight_decay=settings.weight_decay)
         self.schedule = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.train_examples = [*data.train, *(example for other in also for example in other.train)]
+        self.train_examples, self.also_examples = data.train, [other.train for other in also]
         self.validation = _sample(data.validation, settings.eval_examples, seed=settings.seed)
         self.losses: list[tuple[int, float]] = []
         self.validations: list[dict[str, Any]] = []
@@ -125,8 +125,12 @@ class _Loop:
         from tqdm import tqdm
 
         settings = self.settings
-        draw = balanced_batches if settings.sampling == "balanced" else shuffled_batches
-        stream = draw(self.train_examples, settings.batch_size, seed=settings.seed)
+        if settings.sampling == "balanced":
+            stream = balanced_batches(self.train_examples, settings.batch_size, seed=settings.seed,
+                                      also=self.also_examples)
+        else:
+            everything = [*self.train_examples, *(example for examples in self.also_examples for example in examples)]
+            stream = shuffled_batches(everything, settings.batch_size, seed=settings.seed)
         bar = tqdm(total=settings.steps, desc="train", unit="step", file=sys.stderr, disable=not self.progress,
                    dynamic_ncols=True)
         with bar:
@@ -195,7 +199,7 @@ def _record(data: TrainingData, also: Sequence[TrainingData], artifact: Artifact
     curve = [[chunk[-1][0], round(sum(loss for _, loss in chunk) / len(chunk), 4)]
              for chunk in _chunks(loop.losses, every)]
     examples_seen = settings.steps * settings.batch_size
-    train_examples = len(loop.train_examples)
+    train_examples = len(loop.train_examples) + sum(len(examples) for examples in loop.also_examples)
     return {
         "base_model": {"name": base_name, "fingerprint": base_fingerprint},
         "registry": {"name": registry.name, "sha256": registry.sha256, "tools": len(registry)},
