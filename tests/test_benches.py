@@ -59,3 +59,20 @@ def test_bench_constraint_runs_and_its_arms_agree(tmp_path):
         assert config["walks"]["resets_in_steps"] > 0 or config["batch"] == 1  # rows are reset and go on
         for arm in ("per-row reference", "batch cpu", "batch cpu + mask", "xgrammar"):
             assert config["arms"][arm]["status"] == "ok", (arm, config["arms"][arm]["status"])
+
+
+def test_transfer_split_keeps_only_queries_on_unseen_tools(tmp_path):
+    from tooltrie.eval.datasets import load_split, registry_path
+    from tooltrie.registry import load_registry
+
+    done = subprocess.run([sys.executable, str(BENCH / "transfer_split.py"), "--dataset", "bfcl", "-o", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = {tool.name for tool in load_registry(tmp_path / "seen.jsonl").tools}
+    everything = {tool.name for tool in load_registry(registry_path("bfcl")).tools}
+    assert seen < everything and len(seen) == len(everything) // 2
+    for split in ("train", "validation", "test"):
+        lines = (tmp_path / f"unseen-{split}.jsonl").read_text(encoding="utf-8").splitlines()
+        kept = [(row["query"], tuple(row["tools"])) for row in map(json.loads, lines)]
+        expected = [(q.query, q.tools) for q in load_split("bfcl", split) if not seen.intersection(q.tools)]
+        assert kept == expected and kept
