@@ -22,7 +22,7 @@ class LoraSettings:
     # costs little time (the frozen model's passes dominate), but size: the adapter grows linearly with it.
     rank: int = 8
     alpha: int = 16  # the update is scaled by alpha / rank (peft takes an integer)
-    # Dropout on the LoRA inputs costs ~20% of a step on this CPU, and a run of about one epoch barely overfits.
+    # Dropout on the LoRA inputs costs ~20% of a step on a 2-core CPU, and a run of about one epoch barely overfits.
     dropout: float = 0.0
     target_modules: tuple[str, ...] = LLAMA_LINEAR_LAYERS
     # Adapt only the last N blocks (None: all). The backward pass then stops at the first adapted block: with the

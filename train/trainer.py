@@ -4,7 +4,7 @@ Each step draws a full batch from a seeded stream (balanced over the gold sets b
 runs the shared prompt prefix once and the rows after it (``train.batches``), takes the loss at the answer positions
 (``train.loss``: ``plain``, ``trie`` or ``both``), and makes one AdamW step on the LoRA matrices (linear warm-up,
 then cosine decay to zero; gradients clipped). The
-training passes run under bfloat16 autocast by default (about 1.6x faster on this CPU, which has AMX); validation
+training passes run under bfloat16 autocast by default (about 1.6x faster on a CPU with AMX); validation
 runs in float32, as the model is served, every ``eval_every`` steps and at the end, on a fixed seeded sample.
 
 Every step and every validation is a JSON line in the log; the adapter directory records the settings, the loss
