@@ -5,10 +5,14 @@ Writes under OUTPUT:
 - ``seen.jsonl``: the half whose text an adapter may be trained on, a registry of its own (the source's lines, as
   they are);
 - ``unseen-<split>.jsonl``: the bundled set's queries of each split whose gold tools all lie in the other half.
-  They are evaluated against the whole registry, so every tool stays a possible answer.
+  They are evaluated against the whole registry, so every tool stays a possible answer;
+- ``seen-<split>.jsonl``: those whose gold tools all lie in the seen half, labelled queries an adapter may be trained
+  on beside (or instead of) the seen half's text.
 
     .venv/bin/python bench/transfer_split.py --dataset bfcl -o build/transfer
     tooltrie gen-data --registry build/transfer/seen.jsonl --no-queries --compose 2000 -o build/transfer/seen-data
+    tooltrie gen-data --registry build/transfer/seen.jsonl --queries build/transfer/seen-train.jsonl \
+        --compose 2000 -o build/transfer/seen-labelled-data
     tooltrie eval --dataset build/transfer/unseen-test.jsonl --registry registry/bfcl.jsonl --arms retrieval,fused ...
 """
 
@@ -37,13 +41,16 @@ def main(argv: list[str] | None = None) -> int:
     seen = set(shuffled[: len(shuffled) // 2])
     write_text(args.output / "seen.jsonl", "".join(line + "\n" for line, name in zip(lines, names, strict=True)
                                                    if name in seen))
-    counts = {}
+    counts: dict[str, dict[str, int]] = {"unseen": {}, "seen": {}}
     for split in ("train", "validation", "test"):
-        unseen = [query for query in load_split(args.dataset, split) if not seen.intersection(query.tools)]
-        write_text(args.output / f"unseen-{split}.jsonl",
-                   "".join(json.dumps({"query": q.query, "tools": list(q.tools)}) + "\n" for q in unseen))
-        counts[split] = len(unseen)
-    print(f"{args.output}: {len(seen)} of {len(names)} tools seen; queries on unseen tools only: {counts}")
+        queries = load_split(args.dataset, split)
+        for side, kept in (("unseen", [q for q in queries if not seen.intersection(q.tools)]),
+                           ("seen", [q for q in queries if seen.issuperset(q.tools)])):
+            write_text(args.output / f"{side}-{split}.jsonl",
+                       "".join(json.dumps({"query": q.query, "tools": list(q.tools)}) + "\n" for q in kept))
+            counts[side][split] = len(kept)
+    print(f"{args.output}: {len(seen)} of {len(names)} tools seen; queries on unseen tools only: {counts['unseen']}, "
+          f"on seen tools only: {counts['seen']}")
     return 0
 
 

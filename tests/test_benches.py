@@ -72,7 +72,8 @@ def test_transfer_split_keeps_only_queries_on_unseen_tools(tmp_path):
     everything = {tool.name for tool in load_registry(registry_path("bfcl")).tools}
     assert seen < everything and len(seen) == len(everything) // 2
     for split in ("train", "validation", "test"):
-        lines = (tmp_path / f"unseen-{split}.jsonl").read_text(encoding="utf-8").splitlines()
-        kept = [(row["query"], tuple(row["tools"])) for row in map(json.loads, lines)]
-        expected = [(q.query, q.tools) for q in load_split("bfcl", split) if not seen.intersection(q.tools)]
-        assert kept == expected and kept
+        for side, keep in (("unseen", lambda tools: not seen.intersection(tools)), ("seen", seen.issuperset)):
+            lines = (tmp_path / f"{side}-{split}.jsonl").read_text(encoding="utf-8").splitlines()
+            kept = [(row["query"], tuple(row["tools"])) for row in map(json.loads, lines)]
+            expected = [(q.query, q.tools) for q in load_split("bfcl", split) if keep(q.tools)]
+            assert kept == expected and kept
