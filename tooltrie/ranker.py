@@ -52,7 +52,7 @@ class Weights:
 MODEL_ONLY, RETRIEVAL_ONLY = Weights(1.0, 0.0), Weights(0.0, 1.0)
 # For a model that was never trained on the registry the prior leads: a similarity gap of 0.005 outweighs a logit
 # gap of 1, so the model decides among tools retrieval finds nearly tied. Chosen on BFCL's validation split with the
-# bundled adapter, which never saw BFCL (bench/sweep_fused.py; docs/benchmarks.md#accuracy-against-retrieval).
+# bundled adapter, which never saw BFCL (bench/sweep_fused.py; docs/benchmarks.md#the-fused-ranker-and-its-weights).
 UNTRAINED = Weights(model=1.0, retrieval=200.0)
 
 
