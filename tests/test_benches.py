@@ -61,7 +61,7 @@ def test_bench_constraint_runs_and_its_arms_agree(tmp_path):
             assert config["arms"][arm]["status"] == "ok", (arm, config["arms"][arm]["status"])
 
 
-def test_transfer_split_keeps_only_queries_on_unseen_tools(tmp_path):
+def test_transfer_split_writes_the_queries_of_each_half(tmp_path):
     from tooltrie.eval.datasets import load_split, registry_path
     from tooltrie.registry import load_registry
 
