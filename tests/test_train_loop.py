@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,19 @@ def test_the_same_seed_gives_the_same_adapter(data: TrainingData, smollm: Tokeni
     assert not all(torch.equal(a[name], c[name]) for name in a)
     assert runs[0].record["loss_curve"] == runs[1].record["loss_curve"] != other.record["loss_curve"]
     assert runs[0].validation is None  # no validation sample asked for
+
+
+def test_a_run_in_passes_trains_the_adapter_of_a_run_in_one(data: TrainingData, smollm: TokenizerInfo,
+                                                             tmp_path: Path) -> None:
+    """Every example its own pass (``max_attention_cells=1``): the steps' gradients add up to the whole batches'."""
+    settings = TrainSettings(**{**FAST.__dict__, "steps": 3, "eval_examples": 0, "precision": "fp32"})
+    whole, split = (_train(data, smollm, tmp_path / name, replace(settings, max_attention_cells=cells))
+                    for name, cells in (("whole", settings.max_attention_cells), ("split", 1)))
+    a, b = (load_file(run.output / ADAPTER_WEIGHTS_FILE) for run in (whole, split))
+    for name in a:
+        torch.testing.assert_close(a[name].float(), b[name].float(), rtol=1e-2, atol=1e-3)
+    curves = [[loss for _, loss in run.record["loss_curve"]] for run in (whole, split)]
+    assert curves[0] == pytest.approx(curves[1], abs=2e-4)
 
 
 def test_settings_are_checked() -> None:

@@ -4,12 +4,14 @@
   example fed whole: ``support.serve.teacher_forced``);
 - the plain loss is the cross-entropy of those logits; the trie loss the cross-entropy of their legal entries, one
   position at a time;
+- a batch run in several passes (its losses scaled by the whole batch) learns what it learns in one pass;
 - ``constrained_exact`` says whether the reference decoder, step by step, answers exactly the gold tools; and
   ``unconstrained_exact`` whether plain greedy decoding does.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -20,9 +22,9 @@ from support.serve import greedy_decode, reference_decode, small_artifact, teach
 from support.train import SMALL_LABELLED, write_training_data
 
 from tooltrie.compiler import TokenizerInfo
-from tooltrie.train.batches import make_batch
+from tooltrie.train.batches import attention_cells, make_batch, passes
 from tooltrie.train.data import Example, load_training_data
-from tooltrie.train.loss import LOSSES, ValidationTotals, answer_hidden, plain_loss, trie_loss
+from tooltrie.train.loss import LOSSES, Scale, ValidationTotals, answer_hidden, plain_loss, trie_loss
 from tooltrie.train.settings import LOSS_NAMES
 
 
@@ -78,6 +80,51 @@ def test_losses_carry_gradients_to_the_model(examples: list[Example]) -> None:
         finally:
             layer.requires_grad_(False)
         assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+def test_a_batch_run_in_passes_learns_what_it_learns_in_one(examples: list[Example]) -> None:
+    """Each pass's loss is scaled by the whole batch's positions: the passes' losses and gradients add up to the
+    batch's own, however it is cut (one example a pass here, the attention cells of one example at most)."""
+    model = tiny_model()
+    layers = [model.model.layers[0].self_attn.q_proj.weight, model.model.layers[-1].mlp.down_proj.weight]
+    head, decoder = model.get_output_embeddings().weight, model.get_decoder()
+    whole_batch = make_batch(examples, pad_id=2)
+    parts = passes(examples, max_cells=max(attention_cells([e]) for e in examples))
+    assert len(parts) > 1 and [e for part in parts for e in part] == examples
+    for layer in layers:
+        layer.requires_grad_(True)
+    try:
+        for name, loss_fn in LOSSES.items():
+            whole = loss_fn(answer_hidden(decoder, whole_batch), head, whole_batch)
+            expected = torch.autograd.grad(whole, layers)
+            scale, total, got = Scale.of(examples), 0.0, [torch.zeros_like(layer) for layer in layers]
+            for part in parts:
+                batch = make_batch(part, pad_id=2)
+                loss = loss_fn(answer_hidden(decoder, batch), head, batch, scale)
+                total += float(loss.detach())
+                got = [g + d for g, d in zip(got, torch.autograd.grad(loss, layers), strict=True)]
+            assert total == pytest.approx(float(whole.detach()), rel=1e-5), name
+            for g, e in zip(got, expected, strict=True):
+                torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+    finally:
+        for layer in layers:
+            layer.requires_grad_(False)
+
+
+def test_passes_hold_at_most_their_attention_cells(examples: list[Example]) -> None:
+    """``attention_cells`` is the batch ``make_batch`` lays out (rows x width x (prefix + width)), and ``passes``
+    cuts a batch, in order, into the fewest consecutive parts that each fit (or hold a single example)."""
+    for count in range(1, len(examples) + 1):
+        batch = make_batch(examples[:count], pad_id=2)
+        rows, width = batch.input_ids.shape
+        assert attention_cells(examples[:count]) == rows * width * (batch.prefix_ids.numel() + width)
+    for max_cells in (1, 2_000, 20_000, attention_cells(examples) - 1, attention_cells(examples)):
+        parts = passes(examples, max_cells)
+        assert [e for part in parts for e in part] == examples
+        assert all(len(part) == 1 or attention_cells(part) <= max_cells for part in parts)
+        assert all(attention_cells([*part, following[0]]) > max_cells
+                   for part, following in itertools.pairwise(parts))
+    assert passes(examples, attention_cells(examples)) == [examples]
 
 
 def _with_gold(example: Example, tokens: list[int], smollm: TokenizerInfo) -> Example:

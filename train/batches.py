@@ -29,7 +29,8 @@ import torch
 
 from tooltrie.train.data import Example
 
-__all__ = ["Batch", "balanced_batches", "make_batch", "shuffled_batches", "stratified_sample", "stratum"]
+__all__ = ["Batch", "attention_cells", "balanced_batches", "make_batch", "passes", "shuffled_batches",
+           "stratified_sample", "stratum"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,27 @@ def make_batch(examples: Sequence[Example], *, pad_id: int, share_prefix: bool =
         candidate_legal=candidate_legal,
         choice_target=torch.tensor([column[targets[i]] for i in choice], dtype=torch.long),
     )
+
+
+def attention_cells(examples: Sequence[Example]) -> int:
+    """What ``make_batch(examples)`` costs the attention of one pass: rows x the rest's width x (prefix + width)
+    scores per head and layer (the shared prefix runs once, in batch 1)."""
+    shared = min(_common_prefix([e.prompt_ids for e in examples]), min(len(e.prompt_ids) for e in examples) - 1)
+    width = max(_length(e) - 1 - shared for e in examples)
+    return len(examples) * width * (shared + width)
+
+
+def passes(examples: Sequence[Example], max_cells: int) -> list[list[Example]]:
+    """``examples`` (one step's batch) cut, in order, into parts of at most ``max_cells`` ``attention_cells`` each
+    (a part of one example however long), so a batch of a few long requests runs in several passes whose gradients
+    add up instead of one pass that holds its whole attention in memory."""
+    parts: list[list[Example]] = []
+    for example in examples:
+        if parts and attention_cells([*parts[-1], example]) <= max_cells:
+            parts[-1].append(example)
+        else:
+            parts.append([example])
+    return parts
 
 
 def shuffled_batches(examples: Sequence[Example], batch_size: int, *, seed: int,

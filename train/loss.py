@@ -9,6 +9,9 @@ Only the answer (completion) tokens are scored: the prompt is given, not learnt.
   model then never learns to write an answer without the mask (its unconstrained answers are not tool lists);
 - ``both``: their sum.
 
+A step's batch may run in several passes (``batches.passes``); each pass's loss is then its sum over the whole
+batch's positions (``Scale``), so the passes' gradients add up to the batch's.
+
 Validation scores both, plus two answer accuracies under teacher forcing, which equal what greedy decoding would
 answer: ``constrained_exact`` (the argmax over the legal tokens is the target at every position: the engine would
 answer exactly the gold tools, in the gold order; for k = 1, top-1 accuracy) and ``unconstrained_exact`` (the argmax
@@ -18,6 +21,7 @@ over the whole vocabulary is the target at every position, stop token included).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,8 +29,22 @@ import torch
 import torch.nn.functional as F
 
 from tooltrie.train.batches import Batch
+from tooltrie.train.data import Example
 
-__all__ = ["LOSSES", "ValidationTotals", "answer_hidden", "both_losses", "plain_loss", "trie_loss"]
+__all__ = ["LOSSES", "Scale", "ValidationTotals", "answer_hidden", "both_losses", "plain_loss", "trie_loss"]
+
+
+@dataclass(frozen=True)
+class Scale:
+    """What the losses average over: the answer positions and the positions with a choice of a step's whole batch."""
+
+    positions: int
+    choices: int
+
+    @classmethod
+    def of(cls, examples: Sequence[Example]) -> Scale:
+        return cls(positions=sum(len(e.completion_ids) for e in examples),
+                   choices=sum(len(tokens) > 1 for e in examples for tokens in e.legal))
 
 
 def answer_hidden(decoder: Any, batch: Batch) -> torch.Tensor:
@@ -50,22 +68,26 @@ def answer_hidden(decoder: Any, batch: Batch) -> torch.Tensor:
     return hidden[batch.answer_row, batch.answer_col]
 
 
-def plain_loss(hidden: torch.Tensor, head: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """Mean cross-entropy over the whole vocabulary at every answer position."""
-    return F.cross_entropy((hidden @ head.T).float(), batch.targets)
+def plain_loss(hidden: torch.Tensor, head: torch.Tensor, batch: Batch, scale: Scale | None = None) -> torch.Tensor:
+    """Mean cross-entropy over the whole vocabulary at every answer position (of ``scale``'s, default the batch's)."""
+    positions = batch.targets.numel() if scale is None else scale.positions
+    return F.cross_entropy((hidden @ head.T).float(), batch.targets, reduction="sum") / positions
 
 
-def trie_loss(hidden: torch.Tensor, head: torch.Tensor, batch: Batch) -> torch.Tensor:
-    """Mean cross-entropy over the legal tokens at the answer positions with a choice."""
+def trie_loss(hidden: torch.Tensor, head: torch.Tensor, batch: Batch, scale: Scale | None = None) -> torch.Tensor:
+    """Mean cross-entropy over the legal tokens at the answer positions with a choice (``scale``'s, default the
+    batch's)."""
     if batch.choice.numel() == 0:  # every answer forced (one-tool registry): nothing to learn, but a graph to keep
         return hidden.sum() * 0.0
+    choices = batch.choice.numel() if scale is None else scale.choices
     logits = (hidden[batch.choice] @ head[batch.candidates].T).float()
-    return F.cross_entropy(logits.masked_fill(~batch.candidate_legal, float("-inf")), batch.choice_target)
+    return F.cross_entropy(logits.masked_fill(~batch.candidate_legal, float("-inf")), batch.choice_target,
+                           reduction="sum") / choices
 
 
-def both_losses(hidden: torch.Tensor, head: torch.Tensor, batch: Batch) -> torch.Tensor:
+def both_losses(hidden: torch.Tensor, head: torch.Tensor, batch: Batch, scale: Scale | None = None) -> torch.Tensor:
     """``plain + trie``: the choice as served, sharpened, while the model still learns to spell the answer alone."""
-    return plain_loss(hidden, head, batch) + trie_loss(hidden, head, batch)
+    return plain_loss(hidden, head, batch, scale) + trie_loss(hidden, head, batch, scale)
 
 
 LOSSES = {"plain": plain_loss, "trie": trie_loss, "both": both_losses}

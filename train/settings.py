@@ -43,6 +43,10 @@ class TrainSettings:
     loss: str = "plain"  # "plain" (whole vocabulary) | "trie" (the legal tokens only) | "both": train.loss
     # "balanced": every answer set alike, the rare k boosted (the test split's view); "shuffled": epochs of the data
     sampling: str = "balanced"
+    # Attention scores (rows x queries x keys, ``batches.attention_cells``) one pass may hold: a batch of long
+    # requests runs in several passes whose gradients add up, so memory stays bounded (16 rows of 340 tokens fit;
+    # 16 of 1,063, one BFCL request's length, took 24 GB in one pass).
+    max_attention_cells: int = 2_000_000
     lora: LoraSettings = field(default_factory=LoraSettings)
     seed: int = 0  # data order, LoRA initialisation and dropout
     threads: int = 1  # torch threads: one is steadier than two on a CPU shared with other work
@@ -57,7 +61,7 @@ class TrainSettings:
             raise ValueError(f"unknown sampling {self.sampling!r}; choose one of {list(SAMPLING_NAMES)}")
         if self.precision not in PRECISION_NAMES:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {list(PRECISION_NAMES)}")
-        for name in ("steps", "batch_size", "threads"):
+        for name in ("steps", "batch_size", "threads", "max_attention_cells"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.lora.rank < 1:

@@ -29,10 +29,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tooltrie.compiler.artifact import Artifact
 from tooltrie.serve.adapter import write_adapter
-from tooltrie.train.batches import balanced_batches, make_batch, shuffled_batches, stratified_sample
+from tooltrie.train.batches import balanced_batches, make_batch, passes, shuffled_batches, stratified_sample
 from tooltrie.train.data import Example, TrainingData, check_alike
 from tooltrie.train.lora import attach_lora, lora_tensors
-from tooltrie.train.loss import LOSSES, ValidationTotals, answer_hidden
+from tooltrie.train.loss import LOSSES, Scale, ValidationTotals, answer_hidden
 from tooltrie.train.settings import TrainSettings
 
 __all__ = ["TrainResult", "TrainSettings", "train"]
@@ -152,14 +152,16 @@ class _Loop:
     def _step(self, examples: list[Example]) -> tuple[float, float, float]:
         started, cpu_started = time.perf_counter(), time.process_time()
         self.model.train()
-        batch = make_batch(examples, pad_id=self.pad_id)
-        dtype = PRECISIONS[self.settings.precision]
-        # SDPA's math backend: on a CPU, the fused (flash) attention's backward costs ~12 ms a layer at these short
-        # lengths, a third of a step; the math backend's is a few small matmuls (same loss; a step 1.6x faster on the
-        # same batches, ~1.3x over whole runs).
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32), sdpa_kernel(SDPBackend.MATH):
-            loss = self.loss_fn(answer_hidden(self.decoder, batch), self.head, batch)
-        loss.backward()  # type: ignore[no-untyped-call]
+        dtype, scale, loss = PRECISIONS[self.settings.precision], Scale.of(examples), 0.0
+        for part in passes(examples, self.settings.max_attention_cells):
+            batch = make_batch(part, pad_id=self.pad_id)
+            # SDPA's math backend: on a CPU, the fused (flash) attention's backward costs ~12 ms a layer at these
+            # short lengths, a third of a step; the math backend's is a few small matmuls (same loss; a step 1.6x
+            # faster on the same batches, ~1.3x over whole runs).
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32), sdpa_kernel(SDPBackend.MATH):
+                part_loss = self.loss_fn(answer_hidden(self.decoder, batch), self.head, batch, scale)
+            part_loss.backward()  # type: ignore[no-untyped-call]
+            loss += float(part_loss.detach())
         torch.nn.utils.clip_grad_norm_(self.trainable, self.settings.max_grad_norm)
         self.optimizer.step()
         self.schedule.step()
@@ -167,7 +169,7 @@ class _Loop:
         seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
         self.train_seconds += seconds
         self.train_cpu_seconds += cpu_seconds
-        return float(loss.detach()), seconds, cpu_seconds
+        return loss, seconds, cpu_seconds
 
     def validate(self, step: int) -> dict[str, Any]:
         started = time.perf_counter()
@@ -175,8 +177,9 @@ class _Loop:
         totals = ValidationTotals()
         with torch.no_grad():
             for chunk in _chunks(self.validation, 2 * self.settings.batch_size):
-                batch = make_batch(chunk, pad_id=self.pad_id)
-                totals.add(answer_hidden(self.decoder, batch), self.head, batch)
+                for part in passes(chunk, self.settings.max_attention_cells):
+                    batch = make_batch(part, pad_id=self.pad_id)
+                    totals.add(answer_hidden(self.decoder, batch), self.head, batch)
         summary = {"step": step, **totals.summary(), "seconds": round(time.perf_counter() - started, 2)}
         self.validations.append(summary)
         self.last_validation = summary
