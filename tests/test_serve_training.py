@@ -37,7 +37,7 @@ from tooltrie.testing import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
 
-TINY = Recipe(compose=8, steps=3, batch_size=2, rank=4, alpha=8, top_layers=1, learning_rate=0.05,
+TINY = Recipe(compose=8, replay=None, steps=3, batch_size=2, rank=4, alpha=8, top_layers=1, learning_rate=0.05,
               warmup_steps=0)
 QUERIES = ("What will the weather be in Paris tomorrow?", "Convert 100 US dollars to euros", "Play some jazz")
 
@@ -160,6 +160,35 @@ def test_a_registry_the_served_model_was_trained_on_is_not_trained_again(tmp_pat
     service = DiscoveryService(tiny_llama(), tokenizer, served, trainer=trainer,
                                base_adapter=_fake_record(tmp_path, served[0].artifact, {}))
     assert [summary.get("training", {}).get("state") for summary in service.registries()] == [None, "queued"]
+
+
+def test_a_replaying_recipe_trains_beside_the_catalogs_labelled_requests(tmp_path: Path, base_dir: Path) -> None:
+    """The registry's own text and, drawn with it, every labelled training request of the bundled catalog."""
+    from tooltrie.registry import CATALOG_PATH, load_registry
+    from tooltrie.train.data import load_training_data
+    from tooltrie.train.job import train_adapter
+
+    tokenizer = smollm_tokenizer()
+    artifact = compile_registry(_registry([{"name": n, "description": d} for n, d in catalog_tools(0, 6)]), tokenizer)
+    record = train_adapter(artifact, tmp_path / "adapter", work=tmp_path / "work",
+                           recipe=replace(TINY, replay="catalog"), base_model=str(base_dir), base_adapter=False)
+    [replayed] = record.record["training"]["also"]
+    catalog = load_training_data(replayed["directory"], compile_registry(load_registry(CATALOG_PATH), tokenizer))
+    assert replayed["registry"]["sha256"] == catalog.meta.registry_sha256 == load_registry(CATALOG_PATH).sha256
+    assert record.registry_sha256 == artifact.registry.sha256  # the adapter is still the registry's own
+    assert catalog.meta.raw["queries"] == ["metatool-single", "metatool-multi"]
+    assert replayed["train_examples"] == len(catalog.train) > 9_000
+    assert {example.k for example in catalog.train} == {1, 2}  # single- and multi-tool requests
+
+
+def test_a_recipe_replays_only_a_bundled_registry(tmp_path: Path) -> None:
+    from tooltrie.train.job import train_adapter
+
+    artifact = compile_registry(_registry([{"name": n, "description": d} for n, d in catalog_tools(0, 6)]),
+                                smollm_tokenizer())
+    with pytest.raises(ValueError, match=r"replay 'tools' is not a bundled registry.*choose one of bfcl, catalog"):
+        train_adapter(artifact, tmp_path / "adapter", work=tmp_path / "work", recipe=replace(TINY, replay="tools"))
+    assert not (tmp_path / "work").exists()  # refused before any work
 
 
 def test_a_server_without_a_trainer_refuses_to_train(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 ``python -m tooltrie.train.job ARTIFACT OUTPUT --work DIR --recipe JSON [--base-model M] [--no-base-adapter]``.
 
 It regenerates training data from the registry's own text (``gen-data --no-queries --compose``, and
-``--self-instruct`` when the recipe asks for it), then trains the recipe's LoRA adapter on the model as served, and
+``--self-instruct`` when the recipe asks for it) and from the labelled requests of the bundled registry the recipe
+replays (the catalog's, by default), trains the recipe's LoRA adapter on the model as served, drawing from both, and
 writes it atomically to OUTPUT; the training log (one JSON line per step) goes to ``DIR/train.log.jsonl``, where the
 server reads the progress.
 """
@@ -15,12 +16,17 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tooltrie.compiler.artifact import Artifact
 from tooltrie.serve.adapter import AdapterRecord, read_adapter
 from tooltrie.serve.training import Recipe
 
-__all__ = ["main", "train_adapter"]
+if TYPE_CHECKING:
+    from tooltrie.compiler import TokenizerInfo
+    from tooltrie.train.data import TrainingData
+
+__all__ = ["main", "replayed_sets", "train_adapter"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,8 +49,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def train_adapter(artifact: Artifact, output: Path, *, work: Path, recipe: Recipe, base_model: str | None = None,
                   base_adapter: bool = True) -> AdapterRecord:
-    """Regenerate training data from ``artifact``'s registry alone and train the recipe's adapter into ``output``,
-    on ``load_model(base_model, adapter=base_adapter)``."""
+    """Regenerate training data from ``artifact``'s registry (and the replayed registry's labelled requests) and
+    train the recipe's adapter into ``output``, on ``load_model(base_model, adapter=base_adapter)``."""
     from transformers.utils import logging as transformers_logging
 
     from tooltrie.compiler import TokenizerInfo
@@ -56,11 +62,13 @@ def train_adapter(artifact: Artifact, output: Path, *, work: Path, recipe: Recip
     from tooltrie.train.training_data import generate_training_data
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    replayed = None if recipe.replay is None else replayed_sets(recipe.replay)  # a bad name fails before any work
     tokenizer = TokenizerInfo.load(artifact.tokenizer_meta["source"])
     written = default_model_requests(artifact.registry, per_tool=recipe.self_instruct, seed=recipe.seed)[0] if (
         recipe.self_instruct) else []
     generate_training_data(work / "data", artifact=artifact, tokenizer=tokenizer, queries=[], compose=recipe.compose,
                            prompt_style=recipe.prompt_style, seed=recipe.seed, written=written)
+    also = [] if replayed is None else [_replay_data(work / "replay", artifact, tokenizer, *replayed, recipe=recipe)]
     model, info = load_model(base_model, adapter=base_adapter)
     lora = replace(LoraSettings(), rank=recipe.rank, alpha=recipe.alpha, top_layers=recipe.top_layers)
     settings = replace(TrainSettings(), steps=recipe.steps, batch_size=recipe.batch_size,
@@ -68,10 +76,39 @@ def train_adapter(artifact: Artifact, output: Path, *, work: Path, recipe: Recip
                        lora=lora, seed=recipe.seed, threads=recipe.threads, eval_every=0, eval_examples=0)
     base_name = DEFAULT_MODEL_NAME if info.name == DEFAULT_MODEL_NAME else str(info.path.resolve())
     ranker = {"auto": "fused", "fused": recipe.fused.as_dict(),
-              "chosen_on": "BFCL's validation split, with an adapter trained on BFCL's registry alone"}
+              "chosen_on": "BFCL's validation split, with an adapter trained by this recipe on BFCL's registry"}
     train(load_training_data(work / "data", artifact), artifact, model, base_name=base_name, output=output,
-          settings=settings, log_path=work / "train.log.jsonl", progress=False, ranker=ranker)
+          settings=settings, log_path=work / "train.log.jsonl", progress=False, ranker=ranker, also=also)
     return read_adapter(output)
+
+
+def replayed_sets(registry: str) -> tuple[list[str], Path]:
+    """The bundled labelled sets of the bundled registry named ``registry`` ("catalog": MetaTool's two, "bfcl"), and
+    that registry's file."""
+    from tooltrie.eval.datasets import BUNDLED, registry_path
+
+    sets = [name for name in BUNDLED if registry_path(name).stem == registry]
+    if not sets:
+        names = sorted({registry_path(name).stem for name in BUNDLED})
+        raise ValueError(f"recipe: replay {registry!r} is not a bundled registry with labelled requests; "
+                         f"choose one of {', '.join(names)}")
+    return sets, registry_path(sets[0])
+
+
+def _replay_data(directory: Path, artifact: Artifact, tokenizer: TokenizerInfo, sets: list[str], path: Path, *,
+                 recipe: Recipe) -> TrainingData:
+    """The training requests of the bundled labelled ``sets`` over the registry at ``path``, made alike
+    ``artifact``'s data: drawn beside a registry's own text, they keep the adapter answering requests as people write
+    them rather than as tool descriptions read (docs/training.md#training-while-serving). Test splits are never
+    among them."""
+    from tooltrie.compiler.sources import artifact_from
+    from tooltrie.train.data import load_training_data
+    from tooltrie.train.training_data import generate_training_data
+
+    replayed = artifact_from(path, tokenizer, separator=artifact.contract.separator)
+    generate_training_data(directory, artifact=replayed, tokenizer=tokenizer, queries=sets,
+                           prompt_style=recipe.prompt_style, seed=recipe.seed)
+    return load_training_data(directory, replayed)
 
 
 if __name__ == "__main__":
