@@ -59,6 +59,7 @@ class Recipe:
     # (``train.job``; None: the text alone). Text alone teaches the tools but unlearns how requests read: on BFCL,
     # 54.0 % exact sets fused without them, 58.4 % with the catalog's (docs/training.md#training-while-serving).
     replay: str | None = "catalog"
+    hard_negatives: bool = False  # each tool's requests beside its nearest tool's (``train.hard_negatives``)
     prompt_style: str = "short"  # the prompt the adapter learns to answer (``serve.prompt``)
     steps: int = 200
     batch_size: int = 16

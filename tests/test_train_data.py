@@ -220,6 +220,30 @@ def test_balanced_batches_of_several_sets_draw_each_by_its_size_and_balance_it_a
         next(balanced_batches(catalog, 2, seed=0, also=[[]]))
 
 
+def test_hard_negatives_are_drawn_beside_their_tool_in_one_batch() -> None:
+    """Each pair of the set's draws: a balanced draw, then a request for its tool's partner (a k = 2 draw, or a tool
+    without a partner's requests, gets another balanced draw); the other set's draws come alone."""
+    catalog = ([_example(f"a{i}", "A") for i in range(30)] + [_example(f"b{i}", "B") for i in range(3)]
+               + [_example(f"c{i}", "C") for i in range(5)] + [_example("ab", "A", "B")])
+    partners = {"A": "B", "B": "A", "C": "Z"}  # Z has no requests
+    batches = list(itertools.islice(balanced_batches(catalog, 8, seed=2, bucket=4, partners=partners), 500))
+    assert all(len(batch) == 8 for batch in batches)
+    pairs = [(batch[i], batch[i + 1]) for batch in batches for i in range(0, 8, 2)]
+    for first, second in pairs:
+        if first.k == 1 and first.tools[0] in "AB":
+            assert second.tools == (partners[first.tools[0]],)
+    drawn = Counter(e.tools for batch in batches for e in batch)
+    assert drawn[("B",)] / drawn[("A",)] == pytest.approx(1, abs=0.1)  # a pair's tools alike, not 10:1
+    other = [_example(f"t{i}", f"T{i}") for i in range(20)]
+    mixed = list(itertools.islice(balanced_batches(catalog, 8, seed=2, bucket=4, also=[other], partners=partners),
+                                  500))
+    assert all(len(batch) == 8 for batch in mixed)
+    flat = [e for batch in mixed for e in batch]
+    assert sum(e.tools[0].startswith("T") for e in flat) / len(flat) == pytest.approx(20 / 59, abs=0.03)
+    together = [b for a, b in itertools.pairwise(flat) if a.k == 1 and a.tools[0] == "A" and b.tools == ("B",)]
+    assert len(together) > 0.3 * sum(e.tools == ("A",) for e in flat)
+
+
 @settings(deadline=None)  # a loaded CI machine must not fail a test on time
 @given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=8), count=st.integers(0, 30), seed=st.integers(0, 9))
 def test_a_stratified_sample_takes_round_robin_over_the_gold_sets(sizes: list[int], count: int, seed: int) -> None:

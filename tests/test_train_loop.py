@@ -121,6 +121,20 @@ def test_a_run_in_passes_trains_the_adapter_of_a_run_in_one(data: TrainingData, 
     assert curves[0] == pytest.approx(curves[1], abs=2e-4)
 
 
+def test_hard_negatives_are_recorded_and_need_balanced_sampling(data: TrainingData, smollm: TokenizerInfo,
+                                                                 tmp_path: Path) -> None:
+    partners = {"get_user": "get_users", "get_users": "get_user", "search": "search_web"}
+    settings = TrainSettings(**{**FAST.__dict__, "steps": 2, "eval_examples": 0, "sampling": "balanced"})
+    result = train(data, small_artifact(smollm), copy.deepcopy(tiny_model()), base_name="tiny", output=tmp_path / "a",
+                   settings=settings, progress=False, partners=partners)
+    assert result.record["training"]["hard_negatives"] == 3
+    assert _train(data, smollm, tmp_path / "b", replace(settings, steps=1)).record["training"]["hard_negatives"] is None
+    with pytest.raises(ValueError, match="hard negatives are drawn by balanced sampling, not 'shuffled'"):
+        train(data, small_artifact(smollm), copy.deepcopy(tiny_model()), base_name="tiny", output=tmp_path / "c",
+              settings=FAST, progress=False, partners=partners)
+    assert not (tmp_path / "c").exists()
+
+
 def test_settings_are_checked() -> None:
     with pytest.raises(ValueError, match="unknown loss 'focal'"):
         TrainSettings(loss="focal")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -146,7 +146,8 @@ def shuffled_batches(examples: Sequence[Example], batch_size: int, *, seed: int,
 
 
 def balanced_batches(examples: Sequence[Example], batch_size: int, *, seed: int, bucket: int = 32,
-                     also: Sequence[Sequence[Example]] = ()) -> Iterator[list[Example]]:
+                     also: Sequence[Sequence[Example]] = (),
+                     partners: Mapping[str, str] | None = None) -> Iterator[list[Example]]:
     """An endless stream of full batches drawn (with replacement, seeded) so every answer set counts alike.
 
     The catalog's queries are far from even: FinanceTool has 1,022 training queries, ProductComparison 2, and the
@@ -159,6 +160,10 @@ def balanced_batches(examples: Sequence[Example], batch_size: int, *, seed: int,
 
     ``also``: other sets of examples (another registry's data), each balanced on its own; a draw first picks a set
     with weight proportional to its size, so a registry of many tools does not drown one of few.
+
+    ``partners``: hard negatives, a tool of ``examples`` to the tool it is most easily taken for
+    (``train.hard_negatives``). That set's draws then come in pairs, side by side in one batch: a balanced draw and
+    a request for its tool's partner, so each step weighs the pair's differences.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -166,12 +171,15 @@ def balanced_batches(examples: Sequence[Example], batch_size: int, *, seed: int,
     weights = [len(members) for members in (examples, *also)]
     rng, window = random.Random(seed), batch_size * bucket
     while True:
-        if len(sets) == 1:  # no choice of set drawn: one set's stream is what it was before sets could be mixed
-            draws = sets[0].draw(rng, window)
+        if len(sets) == 1 and partners is None:  # no choice of set drawn: the stream one set drew before mixing
+            units: list[tuple[Example, ...]] = [(example,) for example in sets[0].draw(rng, window)]
         else:
             counts = Counter(rng.choices(range(len(sets)), weights=weights, k=window))
-            draws = [example for i, one in enumerate(sets) for example in one.draw(rng, counts[i])]
-        draws.sort(key=_length)
+            first = sets[0].draw_pairs(rng, counts[0], partners) if partners is not None else [
+                (example,) for example in sets[0].draw(rng, counts[0])]
+            units = [*first, *((example,) for i, one in enumerate(sets[1:], 1) for example in one.draw(rng, counts[i]))]
+        units.sort(key=lambda unit: max(map(_length, unit)))  # a pair stays side by side
+        draws = [example for unit in units for example in unit][:window]
         batches = [draws[i : i + batch_size] for i in range(0, len(draws), batch_size)]
         rng.shuffle(batches)
         yield from batches
@@ -189,9 +197,19 @@ class _Balanced:
         self.ks = sorted(groups)
         self.k_weights = [math.sqrt(sum(len(members) for members in groups[k].values())) for k in self.ks]
         self.strata = {k: [groups[k][key] for key in sorted(groups[k], key=sorted)] for k in self.ks}
+        self.single = {tool: members for (tool,), members in groups.get(1, {}).items()}  # one tool's requests
 
     def draw(self, rng: random.Random, count: int) -> list[Example]:
         return [rng.choice(rng.choice(self.strata[k])) for k in rng.choices(self.ks, weights=self.k_weights, k=count)]
+
+    def draw_pairs(self, rng: random.Random, count: int, partners: Mapping[str, str]) -> list[tuple[Example, ...]]:
+        """``count`` examples or one more, in pairs: a balanced draw, then a request for its tool's partner (another
+        balanced draw where it has none)."""
+        pairs: list[tuple[Example, ...]] = []
+        for example in self.draw(rng, (count + 1) // 2):
+            mates = self.single.get(partners.get(example.tools[0], ""), []) if example.k == 1 else []
+            pairs.append((example, rng.choice(mates) if mates else self.draw(rng, 1)[0]))
+        return pairs
 
 
 def stratum(example: Example) -> frozenset[str]:

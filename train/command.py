@@ -78,6 +78,9 @@ def add_train_command(commands: Any) -> None:
     cmd.add_argument("--also", nargs=2, action="append", default=[], metavar=("DATA", "REGISTRY"),
                      help="training data made for another registry (file or artifact), drawn from with DATA's: e.g. "
                           "a registry's own text beside labelled queries of another; repeatable")
+    cmd.add_argument("--hard-negatives", action="store_true",
+                     help="draw each tool's requests beside those of the tool retrieval finds nearest it, in one "
+                          "batch (needs the retrieval extra; balanced sampling)")
     cmd.add_argument("--base-model", default=None,
                      help="base model directory (default: SmolLM2-135M-Instruct, without any adapter)")
     cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the base model's)")
@@ -128,10 +131,13 @@ def run_train(args: argparse.Namespace) -> int:
     from tooltrie.registry import CATALOG_PATH
     from tooltrie.serve.model import DEFAULT_MODEL_NAME, load_model
     from tooltrie.train.data import load_training_data
+    from tooltrie.train.hard_negatives import confused_tools
     from tooltrie.train.trainer import train
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     settings = settings_from_args(args)
+    if args.hard_negatives and settings.sampling != "balanced":
+        raise SystemExit(f"tooltrie train: error: --hard-negatives needs --sampling balanced, not {settings.sampling}")
     registry = registry_of(args.registry or CATALOG_PATH)  # a bad file is refused before the model loads
     for _, source in args.also:
         registry_of(source)
@@ -141,13 +147,14 @@ def run_train(args: argparse.Namespace) -> int:
     data = load_training_data(args.data, artifact)
     also = [load_training_data(directory, artifact_from(source, tokenizer, separator=args.separator))
             for directory, source in args.also]
+    partners = confused_tools(artifact.registry) if args.hard_negatives else None
     base_name = DEFAULT_MODEL_NAME if info.name == DEFAULT_MODEL_NAME else str(info.path.resolve())
     others = "".join(f" and {len(other.train)} of registry {other.meta.registry_name!r}" for other in also)
     print(f"tooltrie train: {len(data.train)} training examples ({len(data.validation)} for validation) of "
           f"registry {registry.name!r}{others}; base {base_name}; {settings.steps} steps of {settings.batch_size}, "
           f"{settings.loss} loss, LoRA rank {settings.lora.rank}", file=sys.stderr)
     result = train(data, artifact, model, base_name=base_name, output=args.output, settings=settings,
-                   log_path=args.log, progress=not args.quiet, also=also)
+                   log_path=args.log, progress=not args.quiet, also=also, partners=partners)
     size = sum(f.stat().st_size for f in result.output.iterdir() if f.is_file())
     summary = result.validation or {}
     print(f"tooltrie train: adapter {result.output} ({size / 1e6:.1f} MB) after {result.seconds / 60:.1f} min; "

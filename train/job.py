@@ -56,6 +56,7 @@ def train_adapter(artifact: Artifact, output: Path, *, work: Path, recipe: Recip
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.serve.model import DEFAULT_MODEL_NAME, load_model
     from tooltrie.train.data import load_training_data
+    from tooltrie.train.hard_negatives import confused_tools
     from tooltrie.train.self_instruct import default_model_requests
     from tooltrie.train.settings import LoraSettings, TrainSettings
     from tooltrie.train.trainer import train
@@ -69,6 +70,7 @@ def train_adapter(artifact: Artifact, output: Path, *, work: Path, recipe: Recip
     generate_training_data(work / "data", artifact=artifact, tokenizer=tokenizer, queries=[], compose=recipe.compose,
                            prompt_style=recipe.prompt_style, seed=recipe.seed, written=written)
     also = [] if replayed is None else [_replay_data(work / "replay", artifact, tokenizer, *replayed, recipe=recipe)]
+    partners = confused_tools(artifact.registry) if recipe.hard_negatives else None
     model, info = load_model(base_model, adapter=base_adapter)
     lora = replace(LoraSettings(), rank=recipe.rank, alpha=recipe.alpha, top_layers=recipe.top_layers)
     settings = replace(TrainSettings(), steps=recipe.steps, batch_size=recipe.batch_size,
@@ -78,7 +80,8 @@ def train_adapter(artifact: Artifact, output: Path, *, work: Path, recipe: Recip
     ranker = {"auto": "fused", "fused": recipe.fused.as_dict(),
               "chosen_on": "BFCL's validation split, with an adapter trained by this recipe on BFCL's registry"}
     train(load_training_data(work / "data", artifact), artifact, model, base_name=base_name, output=output,
-          settings=settings, log_path=work / "train.log.jsonl", progress=False, ranker=ranker, also=also)
+          settings=settings, log_path=work / "train.log.jsonl", progress=False, ranker=ranker, also=also,
+          partners=partners)
     return read_adapter(output)
 
 

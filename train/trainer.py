@@ -51,7 +51,7 @@ class TrainResult:
 def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str, output: str | Path,
           settings: TrainSettings | None = None, log_path: str | Path | None = None,
           progress: bool = True, ranker: Mapping[str, Any] | None = None,
-          also: Sequence[TrainingData] = ()) -> TrainResult:
+          also: Sequence[TrainingData] = (), partners: Mapping[str, str] | None = None) -> TrainResult:
     """Fine-tune ``model`` (a Hugging Face causal LM, float32; changed in place: LoRA layers are injected) on
     ``data`` made for ``artifact``, and write the adapter to ``output``.
 
@@ -60,6 +60,9 @@ def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str,
     given labels for. The adapter is ``artifact``'s: validation, its record's registry and ``--ranker auto`` are
     that registry's; the others are listed in the record.
 
+    ``partners``: hard negatives for ``data``'s tools (``train.hard_negatives.confused_tools``), drawn beside them
+    in each batch (balanced sampling only).
+
     ``base_name`` is what the adapter records as its base: the default model's name, or the base's directory.
     The log (JSON lines) goes to ``log_path``, by default ``<output>.log.jsonl`` beside the adapter. ``ranker``: what
     the record says about ranking with this adapter (``serve.model.auto_ranker``, ``fused_weights``).
@@ -67,6 +70,8 @@ def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str,
     from tooltrie.serve.model import model_fingerprint
 
     settings = settings or TrainSettings()
+    if partners is not None and settings.sampling != "balanced":
+        raise ValueError(f"hard negatives are drawn by balanced sampling, not {settings.sampling!r}")
     for other in also:
         check_alike(data, other)
     out = Path(output)
@@ -80,7 +85,8 @@ def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str,
         with torch.random.fork_rng(devices=[]), log_file.open("w", encoding="utf-8") as log:
             torch.manual_seed(settings.seed)
             peft_model = attach_lora(model, settings.lora)
-            loop = _Loop(peft_model, artifact, data, also, settings, log, progress=progress, started=started)
+            loop = _Loop(peft_model, artifact, data, also, settings, log, progress=progress, started=started,
+                         partners=partners)
             loop.run()
             tensors, config = lora_tensors(peft_model)
     finally:
@@ -97,8 +103,10 @@ def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str,
 
 class _Loop:
     def __init__(self, peft_model: Any, artifact: Artifact, data: TrainingData, also: Sequence[TrainingData],
-                 settings: TrainSettings, log: IO[str], *, progress: bool, started: float) -> None:
+                 settings: TrainSettings, log: IO[str], *, progress: bool, started: float,
+                 partners: Mapping[str, str] | None = None) -> None:
         self.model, self.settings, self.log, self.progress, self.started = peft_model, settings, log, progress, started
+        self.partners = partners
         base = peft_model.get_base_model()
         self.decoder = base.get_decoder()
         self.head = base.get_output_embeddings().weight
@@ -127,7 +135,7 @@ class _Loop:
         settings = self.settings
         if settings.sampling == "balanced":
             stream = balanced_batches(self.train_examples, settings.batch_size, seed=settings.seed,
-                                      also=self.also_examples)
+                                      also=self.also_examples, partners=self.partners)
         else:
             everything = [*self.train_examples, *(example for examples in self.also_examples for example in examples)]
             stream = shuffled_batches(everything, settings.batch_size, seed=settings.seed)
@@ -219,6 +227,7 @@ def _record(data: TrainingData, also: Sequence[TrainingData], artifact: Artifact
             "also": [{"directory": str(other.directory), "train_examples": len(other.train),
                       "registry": {"name": other.meta.registry_name, "sha256": other.meta.registry_sha256}}
                      for other in also],
+            "hard_negatives": None if loop.partners is None else len(loop.partners),  # tools with a partner
             "examples_seen": examples_seen,
             "epochs": round(examples_seen / train_examples, 3),
             "seconds": round(seconds, 1),
