@@ -77,3 +77,35 @@ def test_transfer_split_writes_the_queries_of_each_half(tmp_path):
             kept = [(row["query"], tuple(row["tools"])) for row in map(json.loads, lines)]
             expected = [(q.query, q.tools) for q in load_split("bfcl", split) if keep(q.tools)]
             assert kept == expected and kept
+
+
+def test_bfcl_equivalents_judge_test_answers_and_rescore_as_the_harness_does(monkeypatch):
+    import importlib.util
+
+    from tooltrie.eval.datasets import load_split, registry_path
+    from tooltrie.registry import load_registry
+
+    spec = importlib.util.spec_from_file_location("bfcl_equivalents", BENCH / "bfcl_equivalents.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclass looks its module up
+    spec.loader.exec_module(module)
+    # Every judgment is about a test query, names a registry tool that is not gold, and maps it to one gold tool.
+    names = {tool.name for tool in load_registry(registry_path("bfcl")).tools}
+    gold: dict[str, set[tuple[str, ...]]] = {}  # one text may be labelled twice ("add" and "sub")
+    for labelled in load_split("bfcl", "test"):
+        gold.setdefault(labelled.query, set()).add(labelled.tools)
+    document = json.loads(module.JUDGMENTS.read_text(encoding="utf-8"))
+    for item in document["judged"]:
+        assert tuple(item["gold"]) in gold[item["query"]], item
+        assert item["answered"] in names and item["answered"] not in item["gold"], item
+        assert item["equivalent_to"] is None or item["equivalent_to"] in item["gold"], item
+    # As labelled, the rescoring equals the harness's own scores; counting equivalents never lowers them.
+    results = json.loads((BENCH / "results/eval/bfcl-serve-train/results.json").read_text(encoding="utf-8"))
+    summary = module.summarize(results, module.load_judgments())
+    for arm, row in summary.items():
+        for metric in module.METRICS:
+            assert abs(row["labelled"][metric] - results["arms"][arm]["summary"][metric]) < 1e-9, (arm, metric)
+            assert row["with_equivalents"][metric] >= row["labelled"][metric]
+    assert summary["fused"]["unjudged_wrong_names"] == 0
+    assert summary["fused"]["with_equivalents"]["exact"] > summary["fused"]["labelled"]["exact"]
