@@ -7,12 +7,14 @@ skipped with the reason where they are absent.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -45,17 +47,29 @@ def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             for name, path in (("catalog", CATALOG_PATH), ("bfcl", BFCL_PATH))}
 
 
-def _ptx_check(*args: str) -> list[dict]:
+def _ptx_checks(*runs: tuple[str, ...]) -> list[list[dict]]:
+    """Each run's results; the runs compile side by side, one process each (compiling is single-threaded). Their
+    output goes to files, so a process never waits on a full pipe while another is read."""
     env = {**os.environ, "CUDA_HOME": str(CUDA_HOME), "NUMBA_ENABLE_CUDASIM": "0"}
-    done = subprocess.run([sys.executable, "-m", "tooltrie.kernels.ptx_check", *args], capture_output=True,
-                          text=True, env=env, timeout=600, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(line) for line in done.stdout.splitlines()]
+    with contextlib.ExitStack() as files:
+        started = []
+        for args in runs:
+            out, err = (files.enter_context(tempfile.TemporaryFile("w+")) for _ in range(2))
+            command = [sys.executable, "-m", "tooltrie.kernels.ptx_check", *args]
+            started.append((subprocess.Popen(command, env=env, text=True, stdout=out, stderr=err), out, err))
+        results = []
+        for process, out, err in started:
+            process.wait(timeout=600)
+            out.seek(0), err.seek(0)
+            assert process.returncode == 0, err.read()[-3000:]
+            results.append([json.loads(line) for line in out.read().splitlines()])
+    return results
 
 
 def test_catalog_kernels_live_in_constant_memory_and_assemble(artifacts):
-    results = _ptx_check(str(artifacts["catalog"]), "--layout", "warp", "thread",
-                         "--scores", "float32", "bfloat16-bits", "float16", "sparse-head")
+    scores = ("--scores", "float32", "bfloat16-bits", "float16", "sparse-head")
+    runs = _ptx_checks(*((str(artifacts["catalog"]), "--layout", layout, *scores) for layout in ("warp", "thread")))
+    results = [result for run in runs for result in run]
     assert len(results) == 8
     for result in results:
         assert result["placement"] == "constant"
@@ -64,8 +78,7 @@ def test_catalog_kernels_live_in_constant_memory_and_assemble(artifacts):
 
 
 def test_large_registry_is_routed_to_global_memory_not_to_a_link_error(artifacts):
-    (auto,) = _ptx_check(str(artifacts["bfcl"]))
+    (auto,), (forced,) = _ptx_checks((str(artifacts["bfcl"]),), (str(artifacts["bfcl"]), "--placement", "constant"))
     assert auto["placement"] == "global" and not auto["uses_constant_memory"] and auto["ptxas_ok"], auto
-    (forced,) = _ptx_check(str(artifacts["bfcl"]), "--placement", "constant")
     assert not forced["ptxas_ok"]
     assert "too much global constant data" in forced["ptxas_message"]
