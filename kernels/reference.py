@@ -8,12 +8,14 @@ start the constraint after the reasoning-end marker. Every backend is tested aga
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from tooltrie.compiler.artifact import Artifact
+from tooltrie.compiler.trie import CompiledTrie
 from tooltrie.kernels.bitmask import apply_token_bitmask_inplace, set_allowed
 from tooltrie.kernels.cpu import HostState, Outputs, as_numpy_scores, check_stats, no_rows
 from tooltrie.kernels.rules import Move, Slot, Status, advance, fail, legal_moves
@@ -146,36 +148,8 @@ class ReferenceBackend(HostState):
 
     def _ranked(self, slot: Slot, moves: dict[int, Move], candidates: list[tuple[float, int]],
                 ranker: npt.NDArray[np.float32]) -> tuple[list[tuple[float, int]], int]:
-        """The fused ranker (``kernels/walk.py``), written out: each candidate's value and the choice. A token's
-        prior is the best among the open tools whose path crosses its edge, found by looking at every tool."""
-        weight, prior = float(ranker[0]), [float(p) for p in ranker[1:]]
-        tool = int(self.trie.node_tool[slot.node])
-
-        def open_prior(edge: int, taken: int) -> float:
-            return max((prior[t] for t in self._tools_crossing(edge)
-                        if t != taken and t not in slot.used and (slot.allowed is None or t in slot.allowed)),
-                       default=-math.inf)
-
-        def fuse(raw: float, bonus: float) -> float:
-            return bonus if weight == 0.0 else weight * raw + bonus
-
-        kinds = {moves[t].kind for _, t in candidates}
-        grouped = "hop" in kinds and "edge" in kinds  # the name may end here or go on
-        values, hops = [], []
-        for raw, token in candidates:
-            move = moves[token]
-            if move.kind == "stop":
-                values.append((fuse(raw, prior[tool]), token))
-            elif move.kind == "edge":
-                values.append((fuse(raw, open_prior(move.edge, -1)), token))
-            else:
-                hops.append((fuse(raw, open_prior(move.edge, tool)), token))
-                values.append((fuse(raw, prior[tool]) if grouped else hops[-1][0], token))
-        if not grouped:
-            return values, _best(values)
-        ending = max(v for v, t in values if moves[t].kind == "hop")
-        going_on = [(v, t) for v, t in values if moves[t].kind != "hop"]
-        return values, _best([*going_on, (ending, _best(hops))])
+        """The fused ranker by ``fused_values``, a token's prior found by looking at every tool."""
+        return fused_values(self.trie, slot, moves, candidates, ranker, self._tools_crossing)
 
     def _tools_crossing(self, edge: int) -> list[int]:
         if edge not in self._crossing:
@@ -183,6 +157,43 @@ class ReferenceBackend(HostState):
             self._crossing[edge] = [t for r in range(trie.n_tries) for t in range(trie.n_tools)
                                     if edge in trie.tool_path(r, t).tolist()]
         return self._crossing[edge]
+
+
+def fused_values(trie: CompiledTrie, slot: Slot, moves: dict[int, Move], candidates: list[tuple[float, int]],
+                 ranker: npt.NDArray[np.float32],
+                 tools_crossing: Callable[[int], Sequence[int]]) -> tuple[list[tuple[float, int]], int]:
+    """The fused ranker (``kernels/walk.py``), written out: each candidate's value and the choice. ``ranker`` is the
+    model's weight, then each tool's prior (already weighted); a token's prior is the best among the open tools
+    whose path crosses its edge (``tools_crossing``). With every candidate's score 0 and the weight 1, the values
+    are the priors alone: what the fused ranker adds to the model's scores (the trie loss of ``train.priors``)."""
+    weight, prior = float(ranker[0]), [float(p) for p in ranker[1:]]
+    tool = int(trie.node_tool[slot.node])
+
+    def open_prior(edge: int, taken: int) -> float:
+        return max((prior[t] for t in tools_crossing(edge)
+                    if t != taken and t not in slot.used and (slot.allowed is None or t in slot.allowed)),
+                   default=-math.inf)
+
+    def fuse(raw: float, bonus: float) -> float:
+        return bonus if weight == 0.0 else weight * raw + bonus
+
+    kinds = {moves[t].kind for _, t in candidates}
+    grouped = "hop" in kinds and "edge" in kinds  # the name may end here or go on
+    values, hops = [], []
+    for raw, token in candidates:
+        move = moves[token]
+        if move.kind == "stop":
+            values.append((fuse(raw, prior[tool]), token))
+        elif move.kind == "edge":
+            values.append((fuse(raw, open_prior(move.edge, -1)), token))
+        else:
+            hops.append((fuse(raw, open_prior(move.edge, tool)), token))
+            values.append((fuse(raw, prior[tool]) if grouped else hops[-1][0], token))
+    if not grouped:
+        return values, _best(values)
+    ending = max(v for v, t in values if moves[t].kind == "hop")
+    going_on = [(v, t) for v, t in values if moves[t].kind != "hop"]
+    return values, _best([*going_on, (ending, _best(hops))])
 
 
 def _value(logit: float) -> float:

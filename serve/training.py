@@ -60,6 +60,8 @@ class Recipe:
     # 54.0 % exact sets fused without them, 58.4 % with the catalog's (docs/training.md#training-while-serving).
     replay: str | None = "catalog"
     hard_negatives: bool = False  # each tool's requests beside its nearest tool's (``train.hard_negatives``)
+    # Train the choices through ``fused`` as they are served (``train.priors``): the model learns what retrieval misses
+    through_prior: bool = False
     prompt_style: str = "short"  # the prompt the adapter learns to answer (``serve.prompt``)
     steps: int = 200
     batch_size: int = 16

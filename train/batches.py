@@ -14,7 +14,8 @@ Layout, for examples ``prompt_ids + completion_ids``::
     targets      [P]      the completion tokens
 
 and, for the trie loss, the answer positions with a choice (more than one legal token): their legal tokens as a
-boolean matrix over the union of those tokens.
+boolean matrix over the union of those tokens, and what the fused ranker adds to each (``train.priors``) when the
+examples carry it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class Batch:
     candidates: torch.Tensor  # [U] long: the union of the legal tokens at those positions, ascending
     candidate_legal: torch.Tensor  # [C, U] bool: which candidates are legal at each choice
     choice_target: torch.Tensor  # [C] long: the target's index in ``candidates``
+    # [C, U] float: what the fused ranker adds to each legal candidate (``Example.bonus``); None when not trained so
+    candidate_bonus: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -64,7 +67,7 @@ def make_batch(examples: Sequence[Example], *, pad_id: int, share_prefix: bool =
     input_ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(examples), shared + width), dtype=torch.long)
     attention[:, :shared] = 1
-    rows, cols, targets, legal = [], [], [], []
+    rows, cols, targets, legal, bonus = [], [], [], [], []
     for row, (example, rest) in enumerate(zip(examples, rests, strict=True)):
         input_ids[row, : len(rest)] = torch.tensor(rest, dtype=torch.long)
         attention[row, shared : shared + len(rest)] = 1
@@ -74,12 +77,20 @@ def make_batch(examples: Sequence[Example], *, pad_id: int, share_prefix: bool =
             cols.append(first + j)
             targets.append(token)
             legal.append(example.legal[j])
+            bonus.append(example.bonus[j] if example.bonus is not None else ())
     choice = [i for i, tokens in enumerate(legal) if len(tokens) > 1]
     candidates = sorted({token for i in choice for token in legal[i]})
     column = {token: c for c, token in enumerate(candidates)}
     candidate_legal = torch.zeros((len(choice), len(candidates)), dtype=torch.bool)
+    with_bonus = [e.bonus is not None for e in examples]
+    if any(with_bonus) and not all(with_bonus):
+        raise ValueError("a batch mixes examples with and without the fused ranker's bonuses")
+    candidate_bonus = torch.zeros((len(choice), len(candidates))) if all(with_bonus) else None
     for c, i in enumerate(choice):
-        candidate_legal[c, [column[token] for token in legal[i]]] = True
+        columns = [column[token] for token in legal[i]]
+        candidate_legal[c, columns] = True
+        if candidate_bonus is not None:
+            candidate_bonus[c, columns] = torch.tensor(bonus[i])
     return Batch(
         examples=tuple(examples),
         prefix_ids=torch.tensor(examples[0].prompt_ids[:shared], dtype=torch.long),
@@ -92,6 +103,7 @@ def make_batch(examples: Sequence[Example], *, pad_id: int, share_prefix: bool =
         candidates=torch.tensor(candidates, dtype=torch.long),
         candidate_legal=candidate_legal,
         choice_target=torch.tensor([column[targets[i]] for i in choice], dtype=torch.long),
+        candidate_bonus=candidate_bonus,
     )
 
 

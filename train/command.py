@@ -81,6 +81,10 @@ def add_train_command(commands: Any) -> None:
     cmd.add_argument("--hard-negatives", action="store_true",
                      help="draw each tool's requests beside those of the tool retrieval finds nearest it, in one "
                           "batch (needs the retrieval extra; balanced sampling)")
+    cmd.add_argument("--prior-weight", type=float, default=_DEFAULTS.prior_weight, metavar="W",
+                     help="train through the fused ranker: each legal token's score is the model's plus retrieval's "
+                          "prior at weight W, as `--ranker fused` serves it (needs the retrieval extra; default 0: "
+                          "the model alone)")
     cmd.add_argument("--base-model", default=None,
                      help="base model directory (default: SmolLM2-135M-Instruct, without any adapter)")
     cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the base model's)")
@@ -120,7 +124,7 @@ def settings_from_args(args: argparse.Namespace) -> TrainSettings:
     return replace(_DEFAULTS, steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
                    warmup_steps=args.warmup_steps, loss=args.loss, sampling=args.sampling, lora=lora, seed=args.seed,
                    threads=args.threads, precision=args.precision, eval_every=args.eval_every,
-                   eval_examples=args.eval_examples)
+                   eval_examples=args.eval_examples, prior_weight=args.prior_weight)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -145,8 +149,15 @@ def run_train(args: argparse.Namespace) -> int:
     tokenizer = TokenizerInfo.load(args.tokenizer or info.tokenizer)
     artifact = artifact_from(args.registry or CATALOG_PATH, tokenizer, separator=args.separator)
     data = load_training_data(args.data, artifact)
-    also = [load_training_data(directory, artifact_from(source, tokenizer, separator=args.separator))
-            for directory, source in args.also]
+    also_artifacts = [(directory, source, artifact_from(source, tokenizer, separator=args.separator))
+                      for directory, source in args.also]
+    also = [load_training_data(directory, other) for directory, _, other in also_artifacts]
+    if settings.prior_weight > 0:
+        from tooltrie.train.priors import retrieval_priors
+
+        data = retrieval_priors(data, artifact, args.registry, settings.prior_weight)
+        also = [retrieval_priors(one, other, source, settings.prior_weight)
+                for one, (_, source, other) in zip(also, also_artifacts, strict=True)]
     partners = confused_tools(artifact.registry) if args.hard_negatives else None
     base_name = DEFAULT_MODEL_NAME if info.name == DEFAULT_MODEL_NAME else str(info.path.resolve())
     others = "".join(f" and {len(other.train)} of registry {other.meta.registry_name!r}" for other in also)

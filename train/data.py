@@ -53,6 +53,8 @@ class Example:
     prompt_ids: tuple[int, ...]
     completion_ids: tuple[int, ...]  # the answer's tokens, ending with the stop token
     legal: tuple[tuple[int, ...], ...]  # the legal tokens (ascending) before each completion token
+    # What the fused ranker adds to each legal token where there is a choice (``train.priors``); None: nothing.
+    bonus: tuple[tuple[float, ...], ...] | None = None
 
     @property
     def k(self) -> int:

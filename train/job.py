@@ -69,19 +69,28 @@ def train_adapter(artifact: Artifact, output: Path, *, work: Path, recipe: Recip
         recipe.self_instruct) else []
     generate_training_data(work / "data", artifact=artifact, tokenizer=tokenizer, queries=[], compose=recipe.compose,
                            prompt_style=recipe.prompt_style, seed=recipe.seed, written=written)
-    also = [] if replayed is None else [_replay_data(work / "replay", artifact, tokenizer, *replayed, recipe=recipe)]
+    data = load_training_data(work / "data", artifact)
+    replays = [] if replayed is None else [_replay_data(work / "replay", artifact, tokenizer, *replayed,
+                                                        recipe=recipe)]
+    also = [one for one, _ in replays]
+    prior_weight = recipe.fused.retrieval / recipe.fused.model if recipe.through_prior else 0.0
+    if prior_weight:  # each set's prior is over its own registry's tools, with the weight it is served with
+        from tooltrie.train.priors import retrieval_priors
+
+        data = retrieval_priors(data, artifact, None, prior_weight)
+        also = [retrieval_priors(one, one_artifact, None, prior_weight) for one, one_artifact in replays]
     partners = confused_tools(artifact.registry) if recipe.hard_negatives else None
     model, info = load_model(base_model, adapter=base_adapter)
     lora = replace(LoraSettings(), rank=recipe.rank, alpha=recipe.alpha, top_layers=recipe.top_layers)
     settings = replace(TrainSettings(), steps=recipe.steps, batch_size=recipe.batch_size,
                        learning_rate=recipe.learning_rate, warmup_steps=recipe.warmup_steps, loss=recipe.loss,
-                       lora=lora, seed=recipe.seed, threads=recipe.threads, eval_every=0, eval_examples=0)
+                       lora=lora, seed=recipe.seed, threads=recipe.threads, eval_every=0, eval_examples=0,
+                       prior_weight=prior_weight)
     base_name = DEFAULT_MODEL_NAME if info.name == DEFAULT_MODEL_NAME else str(info.path.resolve())
     ranker = {"auto": "fused", "fused": recipe.fused.as_dict(),
               "chosen_on": "BFCL's validation split, with an adapter trained by this recipe on BFCL's registry"}
-    train(load_training_data(work / "data", artifact), artifact, model, base_name=base_name, output=output,
-          settings=settings, log_path=work / "train.log.jsonl", progress=False, ranker=ranker, also=also,
-          partners=partners)
+    train(data, artifact, model, base_name=base_name, output=output, settings=settings,
+          log_path=work / "train.log.jsonl", progress=False, ranker=ranker, also=also, partners=partners)
     return read_adapter(output)
 
 
@@ -99,11 +108,11 @@ def replayed_sets(registry: str) -> tuple[list[str], Path]:
 
 
 def _replay_data(directory: Path, artifact: Artifact, tokenizer: TokenizerInfo, sets: list[str], path: Path, *,
-                 recipe: Recipe) -> TrainingData:
+                 recipe: Recipe) -> tuple[TrainingData, Artifact]:
     """The training requests of the bundled labelled ``sets`` over the registry at ``path``, made alike
     ``artifact``'s data: drawn beside a registry's own text, they keep the adapter answering requests as people write
     them rather than as tool descriptions read (docs/training.md#training-while-serving). Test splits are never
-    among them."""
+    among them. With the artifact they were made for."""
     from tooltrie.compiler.sources import artifact_from
     from tooltrie.train.data import load_training_data
     from tooltrie.train.training_data import generate_training_data
@@ -111,7 +120,7 @@ def _replay_data(directory: Path, artifact: Artifact, tokenizer: TokenizerInfo, 
     replayed = artifact_from(path, tokenizer, separator=artifact.contract.separator)
     generate_training_data(directory, artifact=replayed, tokenizer=tokenizer, queries=sets,
                            prompt_style=recipe.prompt_style, seed=recipe.seed)
-    return load_training_data(directory, replayed)
+    return load_training_data(directory, replayed), replayed
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ Only the answer (completion) tokens are scored: the prompt is given, not learnt.
 
 - ``plain``: cross-entropy over the whole vocabulary at every answer position (``hidden @ W.T``, [P, V]);
 - ``trie``: cross-entropy over the trie's legal tokens only, at the positions where there is a choice
-  (``hidden @ W[legal].T``): the same mask as serving, so the model learns the choice it will face. Positions with a
-  single legal token (the rest of a name the trie forces, the stop token after the k-th tool) carry no loss. The
-  model then never learns to write an answer without the mask (its unconstrained answers are not tool lists);
+  (``hidden @ W[legal].T``): the same mask as serving, so the model learns the choice it will face; trained
+  through the fused ranker (``train.priors``), each legal token's score is the model's plus the prior's.
+  Positions with a single legal token (the rest of a name the trie forces, the stop token after the k-th tool)
+  carry no loss. The model then never learns to write an answer without the mask (its unconstrained answers are
+  not tool lists);
 - ``both``: their sum.
 
 A step's batch may run in several passes (``batches.passes``); each pass's loss is then its sum over the whole
@@ -14,7 +16,9 @@ batch's positions (``Scale``), so the passes' gradients add up to the batch's.
 
 Validation scores both, plus two answer accuracies under teacher forcing, which equal what greedy decoding would
 answer: ``constrained_exact`` (the argmax over the legal tokens is the target at every position: the engine would
-answer exactly the gold tools, in the gold order; for k = 1, top-1 accuracy) and ``unconstrained_exact`` (the argmax
+answer exactly the gold tools, in the gold order; for k = 1, top-1 accuracy; through the fused ranker's sums when
+trained so, which for k > 1 ranks the hops to the next tool by the finished tool's prior, where the decode then
+picks the hop by the next tool's) and ``unconstrained_exact`` (the argmax
 over the whole vocabulary is the target at every position, stop token included).
 """
 
@@ -80,9 +84,14 @@ def trie_loss(hidden: torch.Tensor, head: torch.Tensor, batch: Batch, scale: Sca
     if batch.choice.numel() == 0:  # every answer forced (one-tool registry): nothing to learn, but a graph to keep
         return hidden.sum() * 0.0
     choices = batch.choice.numel() if scale is None else scale.choices
-    logits = (hidden[batch.choice] @ head[batch.candidates].T).float()
+    logits = _fused((hidden[batch.choice] @ head[batch.candidates].T).float(), batch)
     return F.cross_entropy(logits.masked_fill(~batch.candidate_legal, float("-inf")), batch.choice_target,
                            reduction="sum") / choices
+
+
+def _fused(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """The choices' scores as the decode ranks them: the model's, plus the fused ranker's prior when trained so."""
+    return logits if batch.candidate_bonus is None else logits + batch.candidate_bonus
 
 
 def both_losses(hidden: torch.Tensor, head: torch.Tensor, batch: Batch, scale: Scale | None = None) -> torch.Tensor:
@@ -113,8 +122,8 @@ class ValidationTotals:
         unconstrained_ok = logits.argmax(dim=1) == batch.targets
         constrained_ok = torch.ones_like(unconstrained_ok)  # a forced position is right by construction
         if batch.choice.numel():
-            legal_logits = logits[batch.choice][:, batch.candidates].masked_fill(~batch.candidate_legal,
-                                                                                 float("-inf"))
+            legal_logits = _fused(logits[batch.choice][:, batch.candidates], batch).masked_fill(
+                ~batch.candidate_legal, float("-inf"))
             self.trie_nll += float(F.cross_entropy(legal_logits, batch.choice_target, reduction="sum"))
             self.choices += batch.choice.numel()
             # candidates ascend, so the first maximum is the lower token id: the decoders' tie rule

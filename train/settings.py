@@ -47,6 +47,9 @@ class TrainSettings:
     # requests runs in several passes whose gradients add up, so memory stays bounded (16 rows of 340 tokens fit;
     # 16 of 1,063, one BFCL request's length, took 24 GB in one pass).
     max_attention_cells: int = 2_000_000
+    # Train the trie loss through the fused ranker (``train.priors``): retrieval's weight, the model's being 1, as
+    # the adapter will be served with ``--ranker fused``; 0: the model's choices alone.
+    prior_weight: float = 0.0
     lora: LoraSettings = field(default_factory=LoraSettings)
     seed: int = 0  # data order, LoRA initialisation and dropout
     threads: int = 1  # torch threads: one is steadier than two on a CPU shared with other work
@@ -64,6 +67,8 @@ class TrainSettings:
         for name in ("steps", "batch_size", "threads", "max_attention_cells"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.prior_weight < 0:
+            raise ValueError(f"prior_weight must be at least 0, got {self.prior_weight}")
         if self.lora.rank < 1:
             raise ValueError(f"the LoRA rank must be at least 1, got {self.lora.rank}")
         if self.lora.top_layers is not None and self.lora.top_layers < 1:

@@ -74,6 +74,11 @@ def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str,
         raise ValueError(f"hard negatives are drawn by balanced sampling, not {settings.sampling!r}")
     for other in also:
         check_alike(data, other)
+    for one in (data, *also):
+        if any((example.bonus is not None) != (settings.prior_weight > 0) for example in one.train):
+            raise ValueError(f"{one.directory}: prior_weight is {settings.prior_weight:g}, so every example must "
+                             f"{'carry' if settings.prior_weight > 0 else 'lack'} the fused ranker's bonuses "
+                             "(train.priors.retrieval_priors)")
     out = Path(output)
     log_file = Path(log_path) if log_path is not None else out.with_name(out.name + ".log.jsonl")
     base_fingerprint = model_fingerprint(model)

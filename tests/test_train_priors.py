@@ -1,0 +1,174 @@
+"""Training through the fused ranker (``train.priors``) against the decoder it trains for.
+
+- every example's bonuses are the values the reference backend's fused ranker gives its legal tokens, each tool's
+  prior found by looking at every tool (``ReferenceBackend._tools_crossing``) where training uses the compiled
+  inverse of the paths;
+- for one-tool answers, the validation's constrained accuracy through the prior is what fused decoding (the
+  reference backend, ``TrieBatch.add(prior=)``) answers, step by step on the tiny model: right on the examples
+  relabelled with the fused decoder's own answer, wrong elsewhere;
+- the trie loss through the prior is the cross-entropy of the legal logits plus the bonuses, one position at a time,
+  and with no prior it is the loss as before;
+- a data set's bonuses need one similarity row per example, and training refuses data whose bonuses do not match
+  its ``prior_weight``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from support.serve import last_logits, small_artifact, tiny_model
+from support.train import write_training_data
+
+from tooltrie.compiler import Artifact, TokenizerInfo
+from tooltrie.kernels import TrieBatch
+from tooltrie.kernels.reference import ReferenceBackend, fused_values
+from tooltrie.kernels.rules import Slot, advance, legal_moves
+from tooltrie.train.batches import make_batch
+from tooltrie.train.data import Example, TrainingData, load_training_data
+from tooltrie.train.loss import ValidationTotals, answer_hidden, trie_loss
+from tooltrie.train.priors import with_priors
+from tooltrie.train.settings import TrainSettings
+from tooltrie.train.trainer import train
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory, smollm: TokenizerInfo) -> TrainingData:
+    directory = write_training_data(tmp_path_factory.mktemp("data"), small_artifact(smollm), smollm)
+    return load_training_data(directory, small_artifact(smollm))
+
+
+def _similarities(data: TrainingData, artifact: Artifact, seed: int) -> np.ndarray:
+    rows = len(data.train) + len(data.validation)
+    return np.random.default_rng(seed).uniform(-1, 1, (rows, artifact.trie.n_tools)).astype(np.float32)
+
+
+def test_the_bonuses_are_the_reference_rankers_values(data: TrainingData, smollm: TokenizerInfo) -> None:
+    artifact = small_artifact(smollm)
+    looking = ReferenceBackend(artifact)._tools_crossing
+    for seed in range(3):
+        similarities = _similarities(data, artifact, seed)
+        primed = with_priors(data, artifact, similarities, weight=3.0)
+        for i, example in enumerate([*primed.train, *primed.validation]):
+            assert example.bonus is not None and len(example.bonus) == len(example.legal)
+            ranker = np.concatenate([[1.0], 3.0 * similarities[i]]).astype(np.float32)
+            slot = Slot.start(artifact.trie, example.k)
+            for token, legal, bonus in zip(example.completion_ids, example.legal, example.bonus, strict=True):
+                moves = legal_moves(artifact.trie, slot, artifact.eos_id)
+                if len(legal) > 1:
+                    values, _ = fused_values(artifact.trie, slot, moves, [(0.0, t) for t in legal], ranker, looking)
+                    assert bonus == pytest.approx([value for value, _ in values], rel=1e-6)
+                else:
+                    assert bonus == ()
+                slot = advance(artifact.trie, slot, moves[token])
+
+
+def _fused_decode(model: Any, artifact: Artifact, prompt: tuple[int, ...], k: int, prior: np.ndarray) -> list[int]:
+    batch = TrieBatch(artifact, backend="reference", capacity=1)
+    batch.add(0, k, prior=prior, model_weight=1.0)
+    tokens: list[int] = []
+    while batch.is_running(0) and len(tokens) < 64:
+        choice = batch.choose(last_logits(model, [*prompt, *tokens]).numpy())
+        tokens += [int(choice.chosen[0]), *choice.forced[0]]
+    assert batch.is_done(0), tokens
+    return tokens
+
+
+def _relabelled(example: Example, tokens: list[int], artifact: Artifact) -> Example:
+    slot, legal = Slot.start(artifact.trie, example.k), []
+    for token in tokens:
+        moves = legal_moves(artifact.trie, slot, artifact.eos_id)
+        legal.append(tuple(sorted(moves)))
+        slot = advance(artifact.trie, slot, moves[token])
+    names = [artifact.registry.tools[t].name for t in slot.used]
+    return dataclasses.replace(example, tools=tuple(names), completion_ids=tuple(tokens), legal=tuple(legal),
+                               bonus=None)
+
+
+def test_validation_through_the_prior_is_what_fused_decoding_answers(data: TrainingData,
+                                                                     smollm: TokenizerInfo) -> None:
+    model, artifact = tiny_model(), small_artifact(smollm)
+    head = model.get_output_embeddings().weight
+    singles = [e for e in data.train if e.k == 1]
+    similarities = np.random.default_rng(7).uniform(-1, 1, (len(singles), artifact.trie.n_tools)).astype(np.float32)
+    weight, checked = 4.0, {True: 0, False: 0}
+    for i, example in enumerate(singles):
+        prior = weight * similarities[i]
+        decoded = _fused_decode(model, artifact, example.prompt_ids, 1, prior)
+        if i % 2 == 0:
+            example = _relabelled(example, decoded, artifact)
+        one = dataclasses.replace(data, train=[example], validation=[])
+        (primed,) = with_priors(one, artifact, similarities[i : i + 1], weight).train
+        totals = ValidationTotals()
+        with torch.no_grad():
+            totals.add(answer_hidden(model.get_decoder(), make_batch([primed], pad_id=2)), head,
+                       make_batch([primed], pad_id=2))
+        right = decoded == list(example.completion_ids)
+        assert totals.summary()["constrained_exact"] == float(right), (example.query, decoded)
+        checked[right] += 1
+    assert checked[True] >= len(singles) // 2 and checked[False] > 0  # both outcomes are checked
+
+
+def test_the_trie_loss_adds_the_bonuses_to_the_legal_logits(data: TrainingData, smollm: TokenizerInfo) -> None:
+    model, artifact = tiny_model(), small_artifact(smollm)
+    head = model.get_output_embeddings().weight
+    primed = with_priors(data, artifact, _similarities(data, artifact, 3), weight=2.5).train
+    batch, bare = make_batch(primed, pad_id=2), make_batch(data.train, pad_id=2)
+    with torch.no_grad():
+        hidden = answer_hidden(model.get_decoder(), batch)
+        logits = (hidden @ head.T).double()
+        expected, choices = 0.0, 0
+        position = 0
+        for example in primed:
+            assert example.bonus is not None
+            for token, legal, bonus in zip(example.completion_ids, example.legal, example.bonus, strict=True):
+                if len(legal) > 1:
+                    scores = logits[position, list(legal)] + torch.tensor(bonus, dtype=torch.float64)
+                    expected += float(F.cross_entropy(scores[None], torch.tensor([legal.index(token)])))
+                    choices += 1
+                position += 1
+        assert float(trie_loss(hidden, head, batch)) == pytest.approx(expected / choices, rel=1e-4)
+        assert bare.candidate_bonus is None
+        assert float(trie_loss(hidden, head, bare)) != pytest.approx(expected / choices, rel=1e-4)
+
+
+def test_bonuses_need_a_row_per_example_and_training_matches_them(data: TrainingData, smollm: TokenizerInfo,
+                                                                  tmp_path: Any) -> None:
+    artifact = small_artifact(smollm)
+    with pytest.raises(ValueError, match="similarities of shape"):
+        with_priors(data, artifact, _similarities(data, artifact, 0)[1:], weight=1.0)
+    primed = with_priors(data, artifact, _similarities(data, artifact, 0), 1.0)
+    with pytest.raises(ValueError, match="a batch mixes"):
+        make_batch([primed.train[0], data.train[1]], pad_id=2)
+    for settings, given in ((TrainSettings(steps=1, prior_weight=2.0), data), (TrainSettings(steps=1), primed)):
+        with pytest.raises(ValueError, match="prior_weight"):
+            train(given, artifact, tiny_model(), base_name="tiny", output=tmp_path / "adapter", settings=settings,
+                  progress=False)
+
+
+def test_retrieval_priors_make_a_blank_model_answer_retrievals_top_tool(data: TrainingData, smollm: TokenizerInfo,
+                                                                       tmp_path: Any) -> None:
+    """With every model score equal, the choices follow the prior alone: a one-tool example is answered right
+    exactly when its tool is retrieval's best for its query (the real all-MiniLM-L6-v2 encoder)."""
+    from tooltrie.ranker import Ranker
+    from tooltrie.train.priors import retrieval_priors
+
+    artifact = small_artifact(smollm)
+    singles = dataclasses.replace(data, train=[e for e in data.train if e.k == 1], validation=[])
+    primed = retrieval_priors(singles, artifact, tmp_path / "small.safetensors", weight=10.0).train
+    best = Ranker(artifact.registry).similarities([e.query for e in primed]).argmax(axis=1)
+    head = torch.zeros((1 + max(t for e in primed for legal in e.legal for t in legal), 4))
+    outcomes = set()
+    for example, tool in zip(primed, best.tolist(), strict=True):
+        batch = make_batch([example], pad_id=2)
+        totals = ValidationTotals()
+        totals.add(torch.zeros((batch.targets.numel(), 4)), head, batch)
+        right = example.tools == (artifact.registry.tools[tool].name,)
+        assert totals.summary()["constrained_exact"] == float(right), (example.query, example.tools, tool)
+        outcomes.add(right)
+    assert outcomes == {True, False}
+    assert (tmp_path / "small.embeddings.safetensors").is_file()  # kept beside the artifact, as serving keeps them

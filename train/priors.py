@@ -1,0 +1,82 @@
+"""Training through the fused ranker: each choice's legal tokens carry the retrieval prior the decode adds to them.
+
+Served with ``--ranker fused``, a legal token is ranked by the model's score plus the retrieval prior below its
+edge (``kernels/walk.py``; ``kernels.reference.fused_values`` writes it out). Trained alone, the model also spends
+itself on what retrieval already gets right, and its scores meet the prior only when served. With
+``TrainSettings.prior_weight`` the trie loss is taken over the same sums: every training example carries, for each
+answer position, what the fused ranker adds to each legal token (``Example.bonus``), so the model learns what the
+prior misses. The prior of an example is retrieval's similarity of its query to each tool of its own registry,
+weighted as served (the model's weight 1, retrieval's ``prior_weight``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from tooltrie.compiler.artifact import Artifact
+from tooltrie.compiler.trie import CompiledTrie
+from tooltrie.kernels.reference import fused_values
+from tooltrie.kernels.rules import Slot, advance, legal_moves
+from tooltrie.train.data import Example, TrainingData
+
+__all__ = ["EdgeTools", "choice_bonuses", "retrieval_priors", "with_priors"]
+
+
+class EdgeTools:
+    """The tools whose path crosses each edge (``CompiledTrie.tools_below``), as ``fused_values`` asks for them."""
+
+    def __init__(self, trie: CompiledTrie) -> None:
+        self._start, self._tools = trie.tools_below()
+
+    def __call__(self, edge: int) -> Sequence[int]:
+        result: list[int] = self._tools[self._start[edge] : self._start[edge + 1]].tolist()
+        return result
+
+
+def choice_bonuses(artifact: Artifact, example: Example, prior: npt.NDArray[np.float32],
+                   crossing: EdgeTools) -> tuple[tuple[float, ...], ...]:
+    """For each answer position of ``example``, what the fused ranker adds to each of its legal tokens (in the
+    order of ``example.legal``) given each tool's ``prior`` (already weighted); positions with one legal token get
+    ``()``: they carry no loss."""
+    trie, eos_id = artifact.trie, artifact.eos_id
+    ranker = np.concatenate([[1.0], prior]).astype(np.float32)
+    slot, bonuses = Slot.start(trie, example.k), []
+    for token, legal in zip(example.completion_ids, example.legal, strict=True):
+        moves = legal_moves(trie, slot, eos_id)
+        if len(legal) > 1:
+            values, _ = fused_values(trie, slot, moves, [(0.0, t) for t in legal], ranker, crossing)
+            bonuses.append(tuple(value for value, _ in values))
+        else:
+            bonuses.append(())
+        slot = advance(trie, slot, moves[token])
+    return tuple(bonuses)
+
+
+def with_priors(data: TrainingData, artifact: Artifact, similarities: npt.NDArray[np.float32],
+                weight: float) -> TrainingData:
+    """``data`` (made for ``artifact``) with every example's bonuses; ``similarities`` holds a row per example, train
+    then validation, of its query's similarity to each tool, and ``weight`` is retrieval's."""
+    examples = [*data.train, *data.validation]
+    if similarities.shape != (len(examples), artifact.trie.n_tools):
+        raise ValueError(f"{data.directory}: similarities of shape {similarities.shape}, expected "
+                         f"{(len(examples), artifact.trie.n_tools)} (examples, tools)")
+    crossing = EdgeTools(artifact.trie)
+    weighted = (weight * similarities).astype(np.float32)
+    done = [replace(e, bonus=choice_bonuses(artifact, e, weighted[i], crossing)) for i, e in enumerate(examples)]
+    return replace(data, train=done[: len(data.train)], validation=done[len(data.train) :])
+
+
+def retrieval_priors(data: TrainingData, artifact: Artifact, source: str | Path | None,
+                     weight: float) -> TrainingData:
+    """``with_priors`` by retrieval (all-MiniLM-L6-v2, ``tooltrie.ranker``): each query's similarity to the tools of
+    ``artifact``'s registry, the tools' embeddings kept beside ``source`` as serving keeps them."""
+    from tooltrie.ranker import Weights, ranker_for
+
+    ranker = ranker_for(artifact, source, Weights(model=1.0, retrieval=weight))
+    queries = [example.query for example in (*data.train, *data.validation)]
+    return with_priors(data, artifact, ranker.similarities(queries), weight)
