@@ -149,15 +149,14 @@ def run_train(args: argparse.Namespace) -> int:
     tokenizer = TokenizerInfo.load(args.tokenizer or info.tokenizer)
     artifact = artifact_from(args.registry or CATALOG_PATH, tokenizer, separator=args.separator)
     data = load_training_data(args.data, artifact)
-    also_artifacts = [(directory, source, artifact_from(source, tokenizer, separator=args.separator))
-                      for directory, source in args.also]
-    also = [load_training_data(directory, other) for directory, _, other in also_artifacts]
-    if settings.prior_weight > 0:
+    sources = [(source, artifact_from(source, tokenizer, separator=args.separator)) for _, source in args.also]
+    also = [load_training_data(directory, other) for (directory, _), (_, other) in zip(args.also, sources, strict=True)]
+    if settings.prior_weight > 0:  # each set's prior is over its own registry's tools
         from tooltrie.train.priors import retrieval_priors
 
         data = retrieval_priors(data, artifact, args.registry, settings.prior_weight)
         also = [retrieval_priors(one, other, source, settings.prior_weight)
-                for one, (_, source, other) in zip(also, also_artifacts, strict=True)]
+                for one, (source, other) in zip(also, sources, strict=True)]
     partners = confused_tools(artifact.registry) if args.hard_negatives else None
     base_name = DEFAULT_MODEL_NAME if info.name == DEFAULT_MODEL_NAME else str(info.path.resolve())
     others = "".join(f" and {len(other.train)} of registry {other.meta.registry_name!r}" for other in also)

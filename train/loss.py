@@ -18,8 +18,8 @@ Validation scores both, plus two answer accuracies under teacher forcing, which 
 answer: ``constrained_exact`` (the argmax over the legal tokens is the target at every position: the engine would
 answer exactly the gold tools, in the gold order; for k = 1, top-1 accuracy; through the fused ranker's sums when
 trained so, which for k > 1 ranks the hops to the next tool by the finished tool's prior, where the decode then
-picks the hop by the next tool's) and ``unconstrained_exact`` (the argmax
-over the whole vocabulary is the target at every position, stop token included).
+picks the hop by the next tool's) and ``unconstrained_exact`` (the argmax over the whole vocabulary is the target at
+every position, stop token included).
 """
 
 from __future__ import annotations
