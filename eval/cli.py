@@ -1,4 +1,4 @@
-"""The ``tooltrie`` subcommands of evaluation: ``eval`` and ``grammar``."""
+"""The ``tooltrie`` subcommands of evaluation: ``eval``, ``compare`` and ``grammar``."""
 
 from __future__ import annotations
 
@@ -42,6 +42,14 @@ def add_commands(commands: Any) -> None:
     ev.add_argument("--no-plots", dest="plots", action="store_false")
     ev.add_argument("-o", "--output", type=Path, required=True, help="directory for results.json, report.md, PNGs")
     ev.set_defaults(run=_eval)
+
+    cmp = commands.add_parser("compare", help="two evaluated arms answer by answer: is their difference noise?")
+    cmp.add_argument("a", metavar="A", help="RESULTS:ARM, RESULTS a results.json or the directory eval wrote")
+    cmp.add_argument("b", metavar="B", help="the same for the arm to compare with (e.g. results:retrieval)")
+    cmp.add_argument("--rates", default="exact,top1,recall", help="comma-separated: exact, top1, recall")
+    cmp.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
+    cmp.add_argument("--format", choices=("text", "json"), default="text")
+    cmp.set_defaults(run=_compare)
 
     grammar = commands.add_parser("grammar", help="write the artifact's exactly-k EBNF (what vLLM/XGrammar get)")
     grammar.add_argument("artifact", type=Path)
@@ -121,6 +129,18 @@ def _eval(args: argparse.Namespace) -> int:
         print(json.dumps({"arm": arm, **{k: summary[k] for k in ("exact", "valid", "hallucinated", "repeated",
                                                                   "latency_median_ms")}}))
     print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from tooltrie.eval.compare import ArmAnswers, as_json, compare, markdown
+
+    a, b = ArmAnswers.load(args.a), ArmAnswers.load(args.b)
+    rows = compare(a, b, rates=[rate.strip() for rate in args.rates.split(",") if rate.strip()], seed=args.seed)
+    if args.format == "json":
+        print(json.dumps(as_json(a, b, rows), indent=2))
+    else:
+        sys.stdout.write(markdown(a, b, rows))
     return 0
 
 

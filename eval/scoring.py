@@ -57,18 +57,31 @@ def score(text: str, gold: Sequence[str], *, names: Collection[str], contract: C
     hallucinated = any(name not in names for name in predicted)
     repeated = len(set(predicted)) != len(predicted)
     wrong_count = len(predicted) != k
+    rates = answer_rates(predicted, gold)
     return Outcome(
         gold=tuple(gold),
         predicted=predicted,
-        exact=set(predicted) == gold_set,
-        recall=len(set(predicted[:k]) & gold_set) / k,
+        exact=bool(rates["exact"]),
+        recall=rates["recall"],
         precision=sum(hits) / len(predicted) if predicted else 0.0,
-        top1=bool(hits) and hits[0],
+        top1=bool(rates["top1"]),
         valid=not (hallucinated or repeated or wrong_count),
         hallucinated=hallucinated,
         repeated=repeated,
         wrong_count=wrong_count,
     )
+
+
+def answer_rates(predicted: Sequence[str], gold: Sequence[str]) -> dict[str, float]:
+    """The rates that rank one answer against its gold tools: ``exact``, ``recall`` (@k) and ``top1``, as 0-1.
+
+    >>> answer_rates(["b", "a", "c"], ["a", "c"])
+    {'exact': 0.0, 'recall': 0.5, 'top1': 0.0}
+    """
+    k, gold_set = len(gold), set(gold)
+    return {"exact": float(set(predicted) == gold_set),
+            "recall": len(set(predicted[:k]) & gold_set) / k,
+            "top1": float(bool(predicted) and predicted[0] in gold_set)}
 
 
 def summarize(outcomes: Sequence[Outcome], latencies_ms: Sequence[float]) -> dict[str, float | int | None]:

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["tooltrie.eval.datasets", "tooltrie.eval.scoring"]
+MODULES = ["tooltrie.eval.compare", "tooltrie.eval.datasets", "tooltrie.eval.scoring"]
 
 
 @pytest.mark.parametrize("name", MODULES)

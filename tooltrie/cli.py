@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from tooltrie.eval.cli import add_commands as add_eval_commands
 
-    add_eval_commands(commands)  # eval, grammar
+    add_eval_commands(commands)  # eval, compare, grammar
     add_train_command(commands)
 
     args = parser.parse_args(argv)
