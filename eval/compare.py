@@ -54,8 +54,14 @@ class ArmAnswers:
             if len(arms) != 1:
                 raise ResultsError(f"{path}: holds the arms {', '.join(arms)}; name one as {spec}:ARM")
             arm = arms[0]
+        return cls.of(results, arm, where=path)
+
+    @classmethod
+    def of(cls, results: dict[str, Any], arm: str, *, where: Path) -> ArmAnswers:
+        """``arm``'s answers in a results object (``where``: the file it came from, for messages and the label)."""
+        arms = list(results.get("arms", {}))
         if arm not in arms:
-            raise ResultsError(f"{path}: no arm {arm!r}; it holds {', '.join(arms) or 'none'}")
+            raise ResultsError(f"{where}: no arm {arm!r}; it holds {', '.join(arms) or 'none'}")
         keys, predicted = [], []
         seen: dict[tuple[str, tuple[str, ...]], int] = {}
         for number, answer in enumerate(results.get("answers", []), 1):
@@ -63,13 +69,13 @@ class ArmAnswers:
                 pair = (str(answer["query"]), tuple(answer["gold"]))
                 names = tuple(answer[arm]["predicted"])
             except (KeyError, TypeError) as exc:
-                raise ResultsError(f"{path}: answer {number} lacks {exc} for arm {arm!r}") from None
+                raise ResultsError(f"{where}: answer {number} lacks {exc} for arm {arm!r}") from None
             seen[pair] = seen.get(pair, 0) + 1
             keys.append((*pair, seen[pair]))
             predicted.append(names)
         if not keys:
-            raise ResultsError(f"{path}: holds no answers")
-        return cls(f"{path.parent if path.name == 'results.json' else path}:{arm}", tuple(keys), tuple(predicted))
+            raise ResultsError(f"{where}: holds no answers")
+        return cls(f"{where.parent if where.name == 'results.json' else where}:{arm}", tuple(keys), tuple(predicted))
 
     def rates(self, rate: str) -> dict[tuple[str, tuple[str, ...], int], float]:
         return {key: answer_rates(names, key[1])[rate] for key, names in zip(self.keys, self.predicted, strict=True)}

@@ -2,7 +2,8 @@
 
 ``write_results(results, out_dir)`` writes ``results.json``, ``report.md``, ``accuracy.png`` (exact-set accuracy,
 top-1, validity, hallucinated and repeat rates per arm) and ``latency.png`` (median and p90 ms per answer per arm).
-Every file is written atomically.
+The report pairs each arm with the retrieval arm, where one ran (``tooltrie.eval.compare``). Every file is written
+atomically.
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def markdown(results: dict[str, Any], *, images: list[str] | None = None) -> str
     lines += _table(results, by_k=False)
     if len(settings.get("ks", [])) > 1:
         lines += ["", "By k:", "", *_table(results, by_k=True)]
+    if "retrieval" in results["arms"] and len(results["arms"]) > 1 and results.get("answers"):
+        lines += ["", "Exact sets against the retrieval arm, answer by answer (`tooltrie compare`: a 95 % paired "
+                  "bootstrap interval, the exact sign test):", "", *_against_retrieval(results)]
     for image in images or []:
         lines += ["", f"![{image}]({image})"]
     return "\n".join(lines) + "\n"
@@ -85,6 +89,22 @@ def _table(results: dict[str, Any], *, by_k: bool) -> list[str]:
             cells = [arm, *([k] if by_k else [])]
             cells += ["-" if summary.get(key) is None else fmt.format(summary[key]) for key, _, fmt in TABLE_COLUMNS]
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return lines
+
+
+def _against_retrieval(results: dict[str, Any]) -> list[str]:
+    from tooltrie.eval.compare import ArmAnswers, compare
+
+    lines = ["| arm | exact-set | retrieval | difference (95 % interval) | arm better | retrieval better | p |",
+             "|---|---:|---:|---|---:|---:|---:|"]
+    where = Path("results.json")
+    retrieval = ArmAnswers.of(results, "retrieval", where=where)
+    for arm in results["arms"]:
+        if arm != "retrieval":
+            row = compare(ArmAnswers.of(results, arm, where=where), retrieval, rates=["exact"])[0]
+            lines.append(f"| {arm} | {row.a:.1%} | {row.b:.1%} | {100 * row.difference:+.1f} points "
+                         f"({100 * row.low:+.1f} to {100 * row.high:+.1f}) | {row.a_better} | {row.b_better} | "
+                         f"{row.p:.3g} |")
     return lines
 
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tooltrie.cli import main
 from tooltrie.compiler import Contract
 from tooltrie.eval.compare import ArmAnswers, ResultsError, bootstrap_interval, compare, sign_test
+from tooltrie.eval.report import markdown
 from tooltrie.eval.scoring import score, summarize
 
 TOOLS = ["a", "b", "c", "d", "e"]
@@ -142,3 +143,26 @@ def test_the_command_prints_the_table_and_the_json(tmp_path: Path, capsys: pytes
     assert [row["rate"] for row in report["differences"]] == ["exact", "top1", "recall"]
     assert main(["compare", f"{run}:x", f"{run}:nope"]) == 2
     assert "no arm 'nope'" in capsys.readouterr().err
+
+
+def test_the_report_pairs_every_arm_with_retrieval() -> None:
+    answers = random_answers(random.Random(5), 40, arms=("engine", "fused", "retrieval"))
+    contract, names = Contract(), set(TOOLS)
+    arms = {}
+    for arm in ("engine", "fused", "retrieval"):
+        outcomes = [score(contract.render(a[arm]["predicted"]), a["gold"], names=names, contract=contract)
+                    for a in answers]
+        arms[arm] = {"summary": summarize(outcomes, [1.0] * len(outcomes)), "by_k": {}}
+    results = {"format": "tooltrie-eval", "arms": arms, "answers": answers,
+               "settings": {"dataset": "d", "ks": [1], "registry": {"name": "r", "tools": 5, "sha256": "0" * 64},
+                            "artifact_sha256": "0" * 64}}
+    report = markdown(results)
+    retrieval = ArmAnswers.of(results, "retrieval", where=Path("results.json"))
+    for arm in ("engine", "fused"):
+        row = compare(ArmAnswers.of(results, arm, where=Path("results.json")), retrieval, rates=["exact"])[0]
+        assert (f"| {arm} | {row.a:.1%} | {row.b:.1%} | {100 * row.difference:+.1f} points "
+                f"({100 * row.low:+.1f} to {100 * row.high:+.1f}) | {row.a_better} | {row.b_better} | {row.p:.3g} |"
+                in report)
+    assert "\n| retrieval | " not in report.split("against the retrieval arm")[1]
+    del arms["retrieval"]
+    assert "against the retrieval arm" not in markdown(results)
