@@ -195,6 +195,12 @@ class Engine:
 
     # -- continuous batching: submit, step, cancel (one thread drives an engine) ---------------------------------
 
+    def fresh(self) -> Engine:
+        """An engine like this one (model, artifact, prompt, ranker, adapter, backend, limits) with no rows: what
+        serving swaps in when a step failed and this one's state can no longer be trusted."""
+        return Engine(self.model, self.tokenizer, self.artifact, max_batch=self.max_batch, prompt=self.prompt,
+                      backend=self.backend, speculate=self.speculate, ranker=self.ranker, adapter=self.adapter)
+
     def submit(self, request: Request) -> int:
         """Queue a request; it joins the running batch at a later ``step``. Returns its ticket."""
         allowed = self._check(request, where="request")

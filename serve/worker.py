@@ -233,8 +233,7 @@ class Worker:
             for failed in lane.jobs.values():  # an exception each: each is raised in its own caller's task
                 self._deliver(failed, DecodingFailedError(failure))
             lane.jobs.clear()
-            lane.engine = Engine(engine.model, engine.tokenizer, engine.artifact, max_batch=engine.max_batch,
-                                 prompt=engine.prompt)
+            lane.engine = engine.fresh()
             return
         if self._metrics is not None:
             self._metrics.batch_rows.labels(lane.name).observe(rows)

@@ -5,6 +5,7 @@ all-MiniLM-L6-v2, so nothing is downloaded."""
 
 from __future__ import annotations
 
+import threading
 import zlib
 from pathlib import Path
 
@@ -12,11 +13,14 @@ import numpy as np
 import pytest
 import torch
 from support.serve import small_artifact, tiny_model
+from support.serve_http import Gate
 
 from tooltrie.compiler import Artifact, TokenizerInfo
 from tooltrie.ranker import Ranker, RankerError, Weights, embeddings_path
 from tooltrie.registry import make_registry
 from tooltrie.serve.engine import Engine, Request, response
+from tooltrie.serve.errors import DecodingFailedError
+from tooltrie.serve.worker import Answered, Job, Worker
 
 QUERIES = ["find the weather in Paris", "book me a table", "search the web for news", "x"]
 
@@ -89,3 +93,34 @@ def test_embeddings_are_kept_beside_the_artifact_for_the_same_registry_only(arti
     path.write_bytes(b"damaged")
     assert Ranker(artifact.registry, embeddings_path=path, encoder=MadeUpEncoder()).tool_embeddings.shape[0] == len(
         artifact.registry)
+
+
+def test_a_failed_step_leaves_the_worker_ranking(smollm: TokenizerInfo, artifact: Artifact) -> None:
+    """A step that raises fails its rows; the engine the worker swaps in keeps the ranker and the settings, so the
+    next request ranked by retrieval is answered as before the failure."""
+    model = tiny_model()
+    gate = Gate(model)
+    ranker = Ranker(artifact.registry, fused=Weights(model=1.0, retrieval=0.0), encoder=MadeUpEncoder())
+    engine = Engine(model, smollm, artifact, ranker=ranker, speculate=3, max_batch=2)
+    fresh = engine.fresh()
+    assert (fresh.ranker, fresh.adapter, fresh.prompt, fresh.backend, fresh.speculate, fresh.max_batch) == (
+        ranker, None, engine.prompt, engine.backend, 3, 2)
+    expected = engine.run([Request(QUERIES[0], 2, ranker="retrieval")])[0]
+    worker = Worker({"r": engine}, queue_limit=4)
+    worker.start()
+
+    def answer(request: Request) -> object:
+        outcome: list[object] = []
+        done = threading.Event()
+        worker.submit(Job("r", request, lambda result: (outcome.append(result), done.set())))
+        assert done.wait(60), "no answer"
+        return outcome[0]
+
+    try:
+        gate.fail_next = True
+        assert isinstance(answer(Request(QUERIES[0], 2, ranker="retrieval")), DecodingFailedError)
+        after = answer(Request(QUERIES[0], 2, ranker="retrieval"))
+        assert isinstance(after, Answered), after
+        assert [tool.name for tool in after.answer.tools] == [tool.name for tool in expected.tools]
+    finally:
+        worker.stop()
