@@ -106,6 +106,7 @@ class TrainingStatus:
 
     state: str
     steps: int
+    key: str = ""  # the cache key of the adapter it is about (``Recipe.key``)
     step: int = 0
     phase: str | None = None
     adapter: str | None = None  # its directory, once ready
@@ -136,7 +137,7 @@ class AdapterTrainer:
         self.cache_dir = cache_dir or adapter_cache_dir()
         self.python = python
         self.status: dict[str, TrainingStatus] = {}
-        self._queue: deque[tuple[str, Artifact]] = deque()
+        self._queue: deque[tuple[str, Artifact, TrainingStatus]] = deque()
         self._wake = asyncio.Event()
         self._child: subprocess.Popen[bytes] | None = None
 
@@ -155,20 +156,24 @@ class AdapterTrainer:
             return None
 
     def request(self, name: str, artifact: Artifact) -> TrainingStatus:
-        """Queue ``name``'s adapter for ``artifact``: nothing new when it is queued or training already, or in the
-        cache."""
+        """Queue ``name``'s adapter for ``artifact``: nothing new when that one is queued or training already, or
+        in the cache. A registry reloaded meanwhile is queued for its new version, whose status ``name`` then
+        shows; an older version still waiting leaves the queue, one training finishes (and is not swapped in:
+        it no longer fits)."""
+        key = self.directory(artifact).name
         current = self.status.get(name)
-        if current is not None and current.state in ("queued", "training"):
+        if current is not None and current.state in ("queued", "training") and current.key == key:
             return current
+        self._queue = deque(entry for entry in self._queue if entry[0] != name)
         cached = self.cached(artifact)
         if cached is not None:  # trained already (the service swaps it in when it loads the registry)
-            self.status[name] = TrainingStatus("ready", steps=self.recipe.steps, step=self.recipe.steps,
+            self.status[name] = TrainingStatus("ready", steps=self.recipe.steps, key=key, step=self.recipe.steps,
                                                adapter=str(cached.path))
             return self.status[name]
-        self._queue.append((name, artifact))
-        self.status[name] = TrainingStatus("queued", steps=self.recipe.steps)
+        status = self.status[name] = TrainingStatus("queued", steps=self.recipe.steps, key=key)
+        self._queue.append((name, artifact, status))
         self._wake.set()
-        return self.status[name]
+        return status
 
     async def run(self, ready: Ready) -> None:
         """Train what is queued, one registry at a time, calling ``ready(name, adapter)`` after each; until
@@ -178,8 +183,7 @@ class AdapterTrainer:
                 while not self._queue:
                     self._wake.clear()
                     await self._wake.wait()
-                name, artifact = self._queue.popleft()
-                status = self.status[name]
+                name, artifact, status = self._queue.popleft()
                 try:
                     record = await self._train(status, artifact)
                     await ready(name, record)

@@ -9,9 +9,11 @@ the real data generation and training, in seconds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -61,6 +63,56 @@ def test_the_cache_key_names_everything_an_adapter_depends_on() -> None:
                replace(TINY, fused=Weights(1.0, 50.0)).key(artifact, "f" * 64)]
     assert len({key, *changed}) == 1 + len(changed)
     assert Recipe.from_json(TINY.arguments()[1]) == TINY
+
+
+def test_a_registry_reloaded_while_its_adapter_trains_is_trained_again(tmp_path: Path) -> None:
+    """The version training finishes and is not swapped in (the service's ``_adopt`` asks again, as here); the
+    reloaded version is queued meanwhile, its status shown, and trained next. A version still queued is dropped."""
+    tokenizer = smollm_tokenizer()
+    tools = [{"name": name, "description": about} for name, about in catalog_tools(0, 6)]
+    first, second = (compile_registry(_registry(tools[:n]), tokenizer) for n in (6, 5))
+    trainer = AdapterTrainer(base_model=None, base_fingerprint="f" * 64, recipe=TINY, cache_dir=tmp_path)
+    trained: list[str] = []
+    release = asyncio.Event()
+
+    async def train(status: Any, artifact: Any) -> Any:
+        status.state = "training"
+        trained.append(artifact.sha256)
+        await release.wait()
+        return SimpleNamespace(path=tmp_path / artifact.sha256, artifact=artifact)
+
+    adopted: list[str] = []
+
+    async def ready(name: str, record: Any) -> None:
+        if record.artifact.sha256 != current[0].sha256:  # as ``_adopt`` does when the registry changed
+            trainer.request(name, current[0])
+        else:
+            adopted.append(record.artifact.sha256)
+
+    trainer._train = train  # type: ignore[method-assign]
+    trainer.request("r", first)
+    trainer.request("r", second)  # not started yet: the first leaves the queue
+    assert [entry[1].sha256 for entry in trainer._queue] == [second.sha256]
+    trainer.request("r", first)
+    current = [second]
+
+    async def scenario() -> None:
+        runner = asyncio.create_task(trainer.run(ready))
+        while trainer.status["r"].state != "training":
+            await asyncio.sleep(0.01)
+        assert trained == [first.sha256]
+        status = trainer.request("r", second)  # a reload while the first trains
+        assert status.state == "queued" and trainer.request("r", second) is status
+        release.set()
+        while trainer.status["r"].state != "ready":
+            await asyncio.sleep(0.01)
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+
+    asyncio.run(scenario())
+    assert trained == [first.sha256, second.sha256] and adopted == [second.sha256]
+    assert trainer.status["r"].adapter == str(tmp_path / second.sha256)
 
 
 def test_a_server_trains_an_adapter_and_swaps_it_in_under_load(tmp_path: Path, base_dir: Path) -> None:
