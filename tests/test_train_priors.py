@@ -150,6 +150,22 @@ def test_bonuses_need_a_row_per_example_and_training_matches_them(data: Training
                   progress=False)
 
 
+def test_an_adapter_trained_through_the_prior_ranks_through_it(data: TrainingData, smollm: TokenizerInfo,
+                                                               tmp_path: Any) -> None:
+    """Its record says to rank its registry's answers fused, at the weight it was trained through."""
+    from tooltrie.ranker import Weights
+    from tooltrie.serve.adapter import read_adapter
+    from tooltrie.serve.model import auto_ranker, fused_weights
+
+    artifact = small_artifact(smollm)
+    primed = with_priors(data, artifact, _similarities(data, artifact, 0), 3.0)
+    train(primed, artifact, tiny_model(), base_name="tiny", output=tmp_path / "adapter", progress=False,
+          settings=TrainSettings(steps=1, batch_size=2, prior_weight=3.0, eval_every=0, eval_examples=0))
+    adapter = read_adapter(tmp_path / "adapter")
+    assert fused_weights(adapter, artifact) == Weights(model=1.0, retrieval=3.0)
+    assert auto_ranker(adapter, artifact, retrieval=True) == "fused"
+
+
 def test_retrieval_priors_make_a_blank_model_answer_retrievals_top_tool(data: TrainingData, smollm: TokenizerInfo,
                                                                        tmp_path: Any) -> None:
     """With every model score equal, the choices follow the prior alone: a one-tool example is answered right

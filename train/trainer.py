@@ -65,7 +65,8 @@ def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str,
 
     ``base_name`` is what the adapter records as its base: the default model's name, or the base's directory.
     The log (JSON lines) goes to ``log_path``, by default ``<output>.log.jsonl`` beside the adapter. ``ranker``: what
-    the record says about ranking with this adapter (``serve.model.auto_ranker``, ``fused_weights``).
+    the record says about ranking with this adapter (``serve.model.auto_ranker``, ``fused_weights``); by default,
+    for an adapter trained through the prior (``settings.prior_weight``), the fused ranker at that weight.
     """
     from tooltrie.serve.model import model_fingerprint
 
@@ -99,6 +100,9 @@ def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str,
     seconds = time.perf_counter() - started
     record = _record(data, also, artifact, settings, base_name=base_name, base_fingerprint=base_fingerprint,
                      loop=loop, seconds=seconds, parameters=sum(t.numel() for t in tensors.values()))
+    if ranker is None and settings.prior_weight > 0:  # trained to add to the prior: answers rank as they trained
+        ranker = {"auto": "fused", "fused": {"model": 1.0, "retrieval": settings.prior_weight},
+                  "chosen_on": "the prior weight it was trained through"}
     if ranker is not None:
         record["ranker"] = dict(ranker)
     # peft writes the base's load path (a cache folder of the training machine); the record's name says it anywhere.
