@@ -180,6 +180,29 @@ def test_held_out_queries_are_never_trained_on(catalog_artifact: Artifact, smoll
         row["query"] for row in USER_QUERIES[1:])
 
 
+def test_a_text_is_never_in_both_splits(catalog_artifact: Artifact, smollm: TokenizerInfo, tmp_path: Path) -> None:
+    """A user's file that repeats queries keeps each text, with all its copies, on one side; a validation text that
+    is also a tool's description leaves the registry's examples in train."""
+    rows = [{"query": f"question number {i % 10}", "tools": ["WeatherTool"]} for i in range(40)]
+    repeated = str(write_jsonl(tmp_path / "repeated.jsonl", rows))
+    for seed in range(3):
+        meta = generate_training_data(tmp_path / f"out{seed}", artifact=catalog_artifact, tokenizer=smollm,
+                                      queries=[repeated], seed=seed, validation_fraction=0.3)
+        train, validation = ({r["query"] for r in read_jsonl(tmp_path / f"out{seed}" / f"{split}.jsonl")}
+                             for split in ("train", "validation"))
+        assert len(validation) == 3 and meta["counts"]["validation"] == 12 and not train & validation
+    tool = catalog_artifact.registry.tools[0]
+    described = str(write_jsonl(tmp_path / "described.jsonl", [{"query": tool.description, "tools": [tool.name]}] * 3))
+    meta = generate_training_data(tmp_path / "described", artifact=catalog_artifact, tokenizer=smollm,
+                                  queries=[described], validation_fraction=0.9)
+    assert (meta["counts"]["validation"], meta["counts"]["dropped_in_validation"]) == (3, 1)
+    assert tool.description not in {r["query"] for r in read_jsonl(tmp_path / "described" / "train.jsonl")}
+    with pytest.raises(DatasetError, match="validation fraction must be at least 0 and below 1, got 1"):
+        generate_training_data(tmp_path / "bad", artifact=catalog_artifact, tokenizer=smollm, queries=[repeated],
+                               validation_fraction=1.0)
+    assert main(["gen-data", "--no-queries", "--queries", repeated, "-o", str(tmp_path / "both")]) == 2
+
+
 BAD_LABELS = [  # (tools, what the error says)
     (["WeatherTol"], "'WeatherTol' is not in registry 'catalog' \\(did you mean 'WeatherTool'\\?\\)"),
     (["NewsTool", "NewsTool"], "NewsTool named more than once"),

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tooltrie.eval.datasets import BUNDLED
+from tooltrie.eval.datasets import BUNDLED, DatasetError
 from tooltrie.train.settings import LOSS_NAMES, PRECISION_NAMES, SAMPLING_NAMES, LoraSettings, TrainSettings
 
 if TYPE_CHECKING:
@@ -181,6 +181,8 @@ def _gen_data(args: argparse.Namespace) -> int:
 
     tokenizer, artifact = registry_and_artifact(args.registry, args.artifact, args.tokenizer, CATALOG_PATH,
                                                 separator=args.separator)
+    if args.no_queries and args.queries:
+        raise DatasetError("--no-queries and --queries contradict each other: give one of them")
     queries = [] if args.no_queries else args.queries
     if queries is None:  # the bundled sets labelled over this registry, if it is a bundled one
         queries = [name for name in BUNDLED if _sha(registry_path(name)) == artifact.registry.sha256]
@@ -191,7 +193,8 @@ def _gen_data(args: argparse.Namespace) -> int:
                                   exclude=args.exclude, compose=args.compose, written=written)
     counts = meta["counts"]
     print(f"{args.output}: {counts['train']} train, {counts['validation']} validation records "
-          f"({counts['dropped_held_out']} held-out texts dropped); registry {meta['registry']['name']}, "
+          f"({counts['dropped_held_out']} held-out texts dropped, {counts['dropped_in_validation']} train texts "
+          f"that validation holds); registry {meta['registry']['name']}, "
           f"prompt {meta['prompt']['style']}", file=sys.stderr)
     return 0
 

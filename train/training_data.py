@@ -59,6 +59,7 @@ class Sources:
     train: list[tuple[str, LabelledQuery]]  # (source name, query)
     validation: list[tuple[str, LabelledQuery]]
     dropped_held_out: int
+    dropped_in_validation: int = 0  # train texts dropped because validation holds the same text
 
 
 def registry_examples(registry: Registry, *, descriptions: bool = True) -> list[LabelledQuery]:
@@ -94,15 +95,21 @@ def collect_sources(registry: Registry, queries: Sequence[str], *, seed: int = 0
             train += [(name, item) for item in load_split(name, "train")]
             validation += [(name, item) for item in load_split(name, "validation")]
             continue
-        items = load_queries(name)  # held-out texts are dropped below, and counted
-        random.Random(f"{seed}:{name}").shuffle(items)
-        count = round(len(items) * validation_fraction)
-        validation += [(str(name), item) for item in items[:count]]
-        train += [(str(name), item) for item in items[count:]]
-    kept_train = [(source, item) for source, item in train if item.text_hash not in withheld]
+        copies: dict[str, list[LabelledQuery]] = {}  # split by text: a repeated query stays on one side
+        for item in load_queries(name):  # held-out texts are dropped below, and counted
+            copies.setdefault(item.text_hash, []).append(item)
+        texts = list(copies)
+        random.Random(f"{seed}:{name}").shuffle(texts)
+        count = round(len(texts) * validation_fraction)
+        validation += [(str(name), item) for text in texts[:count] for item in copies[text]]
+        train += [(str(name), item) for text in texts[count:] for item in copies[text]]
     kept_validation = [(source, item) for source, item in validation if item.text_hash not in withheld]
+    kept_train = [(source, item) for source, item in train if item.text_hash not in withheld]
     dropped = len(train) + len(validation) - len(kept_train) - len(kept_validation)
-    return Sources(train=kept_train, validation=kept_validation, dropped_held_out=dropped)
+    validating = {item.text_hash for _, item in kept_validation}  # e.g. a user's query that is also an example
+    trained = [(source, item) for source, item in kept_train if item.text_hash not in validating]
+    return Sources(train=trained, validation=kept_validation, dropped_held_out=dropped,
+                   dropped_in_validation=len(kept_train) - len(trained))
 
 
 class RecordMaker:
@@ -154,6 +161,8 @@ def generate_training_data(out_dir: str | Path, *, artifact: Artifact, tokenizer
     returns the meta object."""
     if prompt_style not in STYLES:
         raise DatasetError(f"unknown prompt style {prompt_style!r}; choose one of {sorted(STYLES)}")
+    if not 0 <= validation_fraction < 1:
+        raise DatasetError(f"the validation fraction must be at least 0 and below 1, got {validation_fraction:g}")
     registry = artifact.registry
     prompt = Prompt.style(prompt_style)
     sources = collect_sources(registry, queries, seed=seed, validation_fraction=validation_fraction,
@@ -202,6 +211,7 @@ def _meta(artifact: Artifact, tokenizer: TokenizerInfo, prompt: Prompt, prompt_s
             "train": len(splits["train"]),
             "validation": len(splits["validation"]),
             "dropped_held_out": sources.dropped_held_out,
+            "dropped_in_validation": sources.dropped_in_validation,
             "by_source": {split: dict(Counter(source for source, _ in items))
                           for split, items in (("train", sources.train), ("validation", sources.validation))},
             "by_k": {split: {str(k): n for k, n in sorted(Counter(r["k"] for r in records).items())}
