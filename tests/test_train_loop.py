@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,14 @@ def _train(data: TrainingData, smollm: TokenizerInfo, out: Path, settings: Train
                  settings=settings, progress=False)
 
 
+def optimizer_rate(settings: TrainSettings, step: int) -> float:
+    """The learning rate of 0-based ``step``: linear warm-up over ``warmup_steps``, then a cosine down to 0."""
+    warmup, total = settings.warmup_steps, settings.steps
+    if step < warmup:
+        return settings.learning_rate * (step + 1) / warmup
+    return settings.learning_rate * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
+
+
 def _log(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
@@ -60,8 +69,12 @@ def test_a_balanced_run_draws_and_records_its_sampling(data: TrainingData, smoll
     assert TrainSettings().sampling == "balanced"
     settings = TrainSettings(**{**FAST.__dict__, "steps": 3, "eval_every": 0, "sampling": "balanced"})
     result = _train(data, smollm, tmp_path / "adapter", settings)
-    assert [line["step"] for line in _log(tmp_path / "adapter.log.jsonl") if "loss" in line] == [1, 2, 3]
+    steps = [line for line in _log(tmp_path / "adapter.log.jsonl") if "loss" in line]
+    assert [line["step"] for line in steps] == [1, 2, 3]
     assert read_adapter(result.output).record["training"]["settings"]["sampling"] == "balanced"
+    # Each step logs the rate it took: warm-up from the first step, then the cosine, never 0 on the last.
+    taken = [optimizer_rate(settings, step) for step in range(3)]
+    assert [line["lr"] for line in steps] == pytest.approx(taken) and taken[-1] > 0
 
 
 @pytest.mark.parametrize("loss", ["plain", "trie", "both"])

@@ -152,10 +152,11 @@ class _Loop:
                    dynamic_ncols=True)
         with bar:
             for step in range(1, settings.steps + 1):
+                lr = self.schedule.get_last_lr()[0]  # the rate this step takes (the schedule moves on after it)
                 loss, seconds, cpu_seconds = self._step(next(stream))
                 self.losses.append((step, loss))
                 # CPU seconds beside wall seconds: on a shared machine they say what the step itself cost.
-                self._write({"step": step, "loss": round(loss, 5), "lr": self.schedule.get_last_lr()[0],
+                self._write({"step": step, "loss": round(loss, 5), "lr": lr,
                              "step_seconds": round(seconds, 3), "cpu_seconds": round(cpu_seconds, 3),
                              "elapsed_seconds": self._elapsed()})
                 postfix = {"loss": f"{loss:.3f}", "s/step": f"{seconds:.2f}"}
