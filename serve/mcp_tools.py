@@ -12,7 +12,7 @@ tenant lists its own with ``GET /v1/registries``).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
@@ -28,6 +28,7 @@ from tooltrie.serve.schema import (
     K_HELP,
     PREFILTER_HELP,
     QUERY_HELP,
+    RANKER_HELP,
     REGISTRY_HELP,
     DiscoverResponse,
 )
@@ -59,11 +60,12 @@ def mcp_server(service: DiscoveryService) -> MCPServer:
         allow: Annotated[list[str] | None, Field(description=ALLOW_HELP, strict=True)] = None,
         deny: Annotated[list[str] | None, Field(description=DENY_HELP, strict=True)] = None,
         prefilter: Annotated[int | None, Field(description=PREFILTER_HELP, strict=True)] = None,
+        ranker: Annotated[Literal["model", "retrieval", "fused"] | None, Field(description=RANKER_HELP)] = None,
     ) -> DiscoverResponse:
         scope = getattr(ctx.request_context.request, "scope", {})
         tenant = scope.get(TENANT_SCOPE_KEY)
         ask = DiscoveryRequest(query, k, registry, allow=None if allow is None else tuple(allow),
-                               deny=tuple(deny or ()), prefilter=prefilter,
+                               deny=tuple(deny or ()), prefilter=prefilter, ranker=ranker,
                                tenant=tenant if isinstance(tenant, Tenant) else None)
         try:
             body = await service.discover(ask)

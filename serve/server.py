@@ -132,8 +132,11 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
             raise
         except ServeError as exc:
             raise UnavailableError(f"the probe decode failed: {exc}") from exc
-        return {"status": "ok", "probe": probe, "registries": [summary["name"] for summary in service.registries()],
-                "queued": service.worker.queued, "queue_limit": service.limits.queue}
+        # Under a policy the probe is open to all, so it does not say which registries exist (as /v1 does not).
+        registries = {"registries": [summary["name"] for summary in service.registries()]} if (
+            service.policy is None) else {}
+        return {"status": "ok", "probe": probe, **registries, "queued": service.worker.queued,
+                "queue_limit": service.limits.queue}
 
     @app.get("/metrics", tags=["health"], response_class=Response)
     async def metrics() -> Response:
@@ -310,6 +313,19 @@ class _BodyLimit:
 
 # -- the command ----------------------------------------------------------------------------------------------------
 
+def prefilter_limits(given: dict[str | None, int], names: list[str]) -> dict[str, int]:
+    """Each served registry's pre-filter size from ``--prefilter`` (``{None: N}`` for a bare N): its own, else the
+    bare one's, whatever their order.
+
+    >>> prefilter_limits({"catalog": 5, None: 20}, ["catalog", "bfcl"])
+    {'catalog': 5, 'bfcl': 20}
+    """
+    unknown = sorted(str(key) for key in given if key is not None and key not in names)
+    if unknown:
+        raise PrefilterError(f"--prefilter names registries {unknown}, which are not served ({', '.join(names)})")
+    return {name: given[name] if name in given else given[None] for name in names if name in given or None in given}
+
+
 def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool = True, tokenizer: str | None = None,
           host: str = "127.0.0.1", port: int = 8000, limits: ServeLimits | None = None,
           log_level: str = "info", policy: Path | None = None, prefilter: dict[str | None, int] | None = None,
@@ -337,10 +353,7 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     check_open_binding(host, tenants)  # before anything slow: an open server may listen on loopback only
     names = [registry_of(path).name for path in registries]  # a bad registry file is refused before the model loads
     rankers, why = embedding_rankers()
-    limits_n = {name: n for name in names for key, n in (prefilter or {}).items() if key in (None, name)}
-    unknown = sorted(str(key) for key in (prefilter or {}) if key is not None and key not in names)
-    if unknown:
-        raise PrefilterError(f"--prefilter names registries {unknown}, which are not served ({', '.join(names)})")
+    limits_n = prefilter_limits(prefilter or {}, names)
     trainer = None
     if train:  # adapters are trained on the model as served: its float32 weights' fingerprint keys them
         loaded, info = load_model(model, adapter=adapter)

@@ -75,7 +75,7 @@ def test_discover_tools_is_listed_with_its_schema(server: Running) -> None:
     tools, _ = call(server, [])
     (tool,) = [tool for tool in tools.tools if tool.name == TOOL_NAME]
     schema = tool.input_schema
-    assert set(schema["properties"]) == {"query", "k", "registry", "allow", "deny", "prefilter"}
+    assert set(schema["properties"]) == {"query", "k", "registry", "allow", "deny", "prefilter", "ranker"}
     assert sorted(schema["required"]) == ["k", "query"]
     assert "catalog (47 tools)" in (tool.description or "") and "small (10 tools)" in (tool.description or "")
     assert tool.annotations is not None and tool.annotations.read_only_hint
@@ -96,6 +96,19 @@ def test_answers_match_http_alone_and_together(server: Running, over_http: dict[
     check_answer(everything.structured_content, small[1], 10)
 
 
+def test_a_request_chooses_its_ranker_as_over_http(server: Running) -> None:
+    if not server.service.retrieval:
+        pytest.skip("the retrieval ranker needs all-MiniLM-L6-v2")
+    asks = [{"query": query, "k": k, "ranker": ranker} for query, k in ASKS[:2] for ranker in ("retrieval", "fused")]
+    _, results = call(server, asks)
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        for ask, result in zip(asks, results, strict=True):
+            assert not result.is_error, result.content
+            over_http = client.post("/v1/discover", json=ask).json()
+            assert same_answer(result.structured_content, over_http)
+            assert result.structured_content["ranker"] == over_http["ranker"] != {"model": 1.0, "retrieval": 0.0}
+
+
 BAD_CALLS = [
     ({"query": "hi", "k": 0}, "k must be between 1 and 47"),
     ({"query": "hi", "k": 48}, "got 48"),
@@ -104,6 +117,7 @@ BAD_CALLS = [
     ({"query": "hi", "k": 1, "registry": "nope"}, "unknown registry 'nope'"),
     ({"query": "hi", "k": "2"}, "k"),
     ({"query": "hi"}, "k"),
+    ({"query": "hi", "k": 1, "ranker": "best"}, "ranker"),
 ]
 
 

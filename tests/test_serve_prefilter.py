@@ -38,6 +38,7 @@ from tooltrie.serve.errors import UnavailableError
 from tooltrie.serve.mcp_tools import MCP_PATH, TOOL_NAME
 from tooltrie.serve.policy import Policy
 from tooltrie.serve.prefilter import Prefilter, PrefilterError, Ranker, embedding_rankers
+from tooltrie.serve.server import prefilter_limits
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
 
@@ -213,6 +214,15 @@ def test_failing_ranker_is_unavailable_and_bad_settings_are_refused() -> None:
         Prefilter(WordOverlap, limits={"demo": 0})
     with pytest.raises(PrefilterError, match="no retriever"):
         Prefilter(None, limits={"demo": 3}, unavailable="no retriever here")
+
+
+def test_a_registrys_own_prefilter_wins_over_the_bare_one_in_any_order() -> None:
+    names = ["catalog", "shop", "bfcl"]
+    for given in ({"catalog": 5, None: 20}, {None: 20, "catalog": 5}):
+        assert prefilter_limits(given, names) == {"catalog": 5, "shop": 20, "bfcl": 20}
+    assert prefilter_limits({"shop": 3}, names) == {"shop": 3}
+    with pytest.raises(PrefilterError, match=r"names registries \['nope'\], which are not served"):
+        prefilter_limits({"nope": 3}, names)
 
 
 def test_real_retriever_answers_with_its_own_top_n(tmp_path: Path) -> None:
