@@ -99,6 +99,13 @@ class Admitted:
     allowed: frozenset[int] | None
 
 
+def prompt_size(artifact: Artifact, tokenizer: TokenizerInfo, prompt: Prompt) -> int:
+    """Tokens of ``prompt`` without the query, at the largest k: what every request to ``artifact`` adds it to."""
+    registry = artifact.registry
+    prefix, suffix = prompt.parts(registry, artifact.contract, len(registry))
+    return len(tokenizer.encode(prefix + suffix))
+
+
 @dataclass(frozen=True)
 class ServedRegistry:
     """A registry as served: where it came from (for reloads), its artifact, its prompt's size, and the LoRA adapter
@@ -128,10 +135,12 @@ class ServedRegistry:
     @classmethod
     def of(cls, artifact: Artifact, tokenizer: TokenizerInfo, prompt: Prompt, *,
            path: Path | None = None) -> ServedRegistry:
-        registry = artifact.registry
-        prefix, suffix = prompt.parts(registry, artifact.contract, len(registry))
-        return cls(name=registry.name, path=path, artifact=artifact,
-                   prompt_tokens=len(tokenizer.encode(prefix + suffix)), loaded_at=time.time())
+        return cls(name=artifact.registry.name, path=path, artifact=artifact,
+                   prompt_tokens=prompt_size(artifact, tokenizer, prompt), loaded_at=time.time())
+
+    def with_adapter(self, adapter: AdapterRecord | None, tokenizer: TokenizerInfo, prompt: Prompt) -> ServedRegistry:
+        """This registry answered with ``adapter`` through ``prompt`` (the one that adapter's engine feeds)."""
+        return replace(self, adapter=adapter, prompt_tokens=prompt_size(self.artifact, tokenizer, prompt))
 
     @property
     def n_tools(self) -> int:
@@ -249,22 +258,29 @@ class DiscoveryService:
         if self.trainer is not None and adapter is None and not known:
             self.trainer.request(served.name, served.artifact)  # ready at once when it is in the cache
             adapter = self.trainer.cached(served.artifact)
-        return replace(served, adapter=adapter)
+        return served.with_adapter(adapter, self.tokenizer, self._prompt(adapter))
 
     def _ranking_adapter(self, served: ServedRegistry) -> AdapterRecord | None:
         """The adapter whose record says how ``served``'s answers rank: its engine's, else the one merged into the
         model."""
         return served.adapter or self.base_adapter
 
+    def _prompt(self, adapter: AdapterRecord | None) -> Prompt:
+        """What an engine with ``adapter`` feeds the model: the adapter's prompt style, else the server's prompt."""
+        return self.prompt if adapter is None else Prompt.style(adapter.prompt_style)
+
     def _engine(self, served: ServedRegistry) -> Engine:
         """The registry's engine, with its retrieval prior when the server has one (the tools embedded now when
         answers rank by it by default, else on the first request that asks)."""
+        if self.context_tokens is not None and served.prompt_tokens >= self.context_tokens:
+            logger.warning("registry %r's prompt takes %d tokens of the model's %d: its requests will be refused",
+                           served.name, served.prompt_tokens, self.context_tokens)
         weights = self.fused or fused_weights(self._ranking_adapter(served), served.artifact)
         ranker = ranker_for(served.artifact, served.path, weights) if self.retrieval else None
         if ranker is not None and self.default_ranker(served) != "model":
             ranker.tool_embeddings  # noqa: B018  (computed or read back here, not inside the first request's step)
-        prompt = self.prompt if served.adapter is None else Prompt.style(served.adapter.prompt_style)
-        return Engine(self.model, self.tokenizer, served.artifact, max_batch=self.limits.max_batch, prompt=prompt,
+        return Engine(self.model, self.tokenizer, served.artifact, max_batch=self.limits.max_batch,
+                      prompt=self._prompt(served.adapter),
                       ranker=ranker, adapter=served.adapter)
 
     def default_ranker(self, served: ServedRegistry) -> str:
@@ -387,6 +403,11 @@ class DiscoveryService:
                                       f"{served.name!r}), got {k}")
         if self.context_tokens is not None:
             answer_tokens = k * (served.artifact.trie.max_depth + 2) + 1
+            if served.prompt_tokens + answer_tokens > self.context_tokens:  # no query fits: not the request's fault
+                raise UnavailableError(
+                    f"registry {served.name!r} cannot be answered by this model: its prompt alone takes "
+                    f"{served.prompt_tokens:,} tokens of the model's {self.context_tokens:,} (the catalog prompt lists "
+                    "every tool; a model trained on the registry, e.g. `tooltrie serve --train`, uses the short one)")
             needed = served.prompt_tokens + len(self.tokenizer.encode_prompt("", query, "")) + answer_tokens
             if needed > self.context_tokens:
                 raise InvalidRequestError(f"query is too long for the model: prompt and answer would take {needed:,} "
@@ -537,7 +558,7 @@ class DiscoveryService:
                 assert self.trainer is not None
                 self.trainer.request(name, served.artifact)
                 return
-            new = replace(served, adapter=adapter, loaded_at=time.time())
+            new = replace(served.with_adapter(adapter, self.tokenizer, self._prompt(adapter)), loaded_at=time.time())
             self.worker.install(name, await asyncio.to_thread(self._engine, new))
             self._served[name] = new
             self.metrics.adapter_swaps.labels(name).inc()

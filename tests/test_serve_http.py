@@ -490,6 +490,27 @@ def test_failed_decoding_is_500_for_its_rows_and_the_server_goes_on(tmp_path: Pa
         check_answer(reply.json(), catalog(), 2)
 
 
+def test_a_registry_whose_prompt_fills_the_context_is_refused_as_the_servers_limit(tmp_path: Path) -> None:
+    """The catalog prompt lists every tool: BFCL's 1,853 take ~50,000 tokens, past the tiny model's 2,048. Its
+    requests are a 503 that blames the prompt, not the query; the catalog next to it answers; the short prompt an
+    adapter would bring is counted anew."""
+    from tooltrie.serve.service import ServedRegistry
+
+    bfcl = Path(__file__).resolve().parent.parent / "registry" / "bfcl.jsonl"
+    service = tiny_service([CATALOG_PATH, bfcl], tmp_path)
+    with running_server(service) as server, httpx.Client(base_url=server.url, timeout=TIMEOUT) as client:
+        reply = post(client, {"query": "hi", "k": 1, "registry": "bfcl"})
+        assert reply.status_code == 503, reply.text
+        message = reply.json()["error"]["message"]
+        assert "registry 'bfcl' cannot be answered by this model: its prompt alone takes" in message
+        assert post(client, {"query": "hi", "k": 1}).status_code == 200
+    served = service.served("bfcl")
+    short = served.with_adapter(None, service.tokenizer, Prompt.style("short"))
+    assert short.prompt_tokens < 100 < 2_048 < served.prompt_tokens
+    fresh = ServedRegistry.of(served.artifact, service.tokenizer, Prompt.style("short"))
+    assert short.prompt_tokens == fresh.prompt_tokens
+
+
 def test_tooltrie_serve_command(tmp_path: Path) -> None:
     """``tooltrie serve`` as a user runs it, in its own process, on a model directory (the tiny Llama, saved)."""
     tiny_llama().save_pretrained(tmp_path / "model")
