@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tooltrie.compiler import Artifact, TokenizerInfo, compile_cached, compile_registry
+from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
 from tooltrie.compiler.sources import artifact_from
 from tooltrie.errors import DecodeError, RegistryError, TooltrieError
 from tooltrie.ranker import RankerError, Weights, check_ranker, ranker_for
@@ -91,12 +91,11 @@ class DiscoveryRequest:
 
 @dataclass(frozen=True)
 class Admitted:
-    """A request that passed every check: where it goes, what the engine decodes, and the tools it may be answered
-    with (ids in ``served``'s registry; None: every tool)."""
+    """A request that passed every check: where it goes and what the engine decodes (``request.allow``: the tools
+    it may be answered with; None: every tool)."""
 
     served: ServedRegistry
     request: Request
-    allowed: frozenset[int] | None
 
 
 def prompt_size(artifact: Artifact, tokenizer: TokenizerInfo, prompt: Prompt) -> int:
@@ -119,11 +118,9 @@ class ServedRegistry:
     adapter: AdapterRecord | None = None
 
     @classmethod
-    def compile(cls, registry: Registry, tokenizer: TokenizerInfo, prompt: Prompt, *, path: Path | None = None,
-                cache_dir: Path | None = None) -> ServedRegistry:
-        artifact = (compile_cached(registry, tokenizer, cache_dir=cache_dir) if path is not None
-                    else compile_registry(registry, tokenizer))
-        return cls.of(artifact, tokenizer, prompt, path=path)
+    def compile(cls, registry: Registry, tokenizer: TokenizerInfo, prompt: Prompt) -> ServedRegistry:
+        """A registry built in memory (the health probe's): compiled here, never cached, never reloaded."""
+        return cls.of(compile_registry(registry, tokenizer), tokenizer, prompt)
 
     @classmethod
     def load(cls, path: Path, tokenizer: TokenizerInfo, prompt: Prompt, *, separator: str | None = None,
@@ -430,7 +427,7 @@ class DiscoveryService:
         ranker = check_ranker(ask.ranker or self.default_ranker(served), where="ranker")
         if ranker != "model" and not self.retrieval:
             raise UnavailableError(f"the {ranker} ranker needs the retrieval model, which this server does not have")
-        return Admitted(served, Request(query, k, allow=names, ranker=ranker), allowed)
+        return Admitted(served, Request(query, k, allow=names, ranker=ranker))
 
     def _check_answer(self, tenant: Tenant | None, admitted: Admitted, outcome: Answered) -> None:
         """The mask already kept the answer inside the allowed tools; this checks it again under the registry

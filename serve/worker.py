@@ -179,7 +179,7 @@ class Worker:
         if isinstance(message, Job):
             if message.registry in self._waiting:
                 self._waiting[message.registry].append(message)
-            else:  # the service checks names first; a job can only get here by a race with a removal
+            else:  # the service checks names before it submits; another caller may not
                 self._uncount(message)
                 self._deliver(message, UnknownRegistryError(f"unknown registry {message.registry!r}"))
         elif isinstance(message, _Cancel):
