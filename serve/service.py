@@ -227,6 +227,7 @@ class DiscoveryService:
         engines[PROBE_REGISTRY] = self._engine(self._probe)
         self.worker = Worker(engines, queue_limit=self.limits.queue, metrics=self.metrics)
         self._reload_locks: dict[str, asyncio.Lock] = {}
+        self._probing: asyncio.Future[dict[str, Any]] | None = None  # the probe decode health checks share
 
     @classmethod
     def from_paths(cls, paths: Sequence[str | Path], model: Any, tokenizer: TokenizerInfo, *,
@@ -485,7 +486,14 @@ class DiscoveryService:
 
     async def probe(self) -> dict[str, Any]:
         """Decode the probe query on the probe grammar through the worker; ``UnavailableError`` unless the answer
-        is one probe tool, finished."""
+        is one probe tool, finished. Calls while a probe decodes share it: a burst of health checks (which need no
+        key) costs one row, and a caller that leaves does not cancel it for the others."""
+        if self._probing is None or self._probing.done():
+            self._probing = asyncio.ensure_future(self._probe_once())
+            self._probing.add_done_callback(lambda done: done.cancelled() or done.exception())  # always retrieved
+        return await asyncio.shield(self._probing)
+
+    async def _probe_once(self) -> dict[str, Any]:
         started = time.perf_counter()
         outcome = await self._decode(PROBE_REGISTRY, Request(PROBE_QUERY, 1), counted=False)
         answer = outcome.answer

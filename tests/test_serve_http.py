@@ -453,6 +453,45 @@ def test_request_decoding_during_a_reload_finishes_on_its_version(gated: tuple[R
     check_answer(after.json(), write_registry(path, "small", catalog_tools(25, 40)), 3)
 
 
+def test_a_burst_of_health_checks_decodes_one_probe(tmp_path: Path) -> None:
+    """Health checks need no key: twenty at once, held behind a probe that is decoding, share it."""
+    model = tiny_llama()
+    gate = Gate(model)
+    service = tiny_service([CATALOG_PATH], tmp_path, model=model)
+    decoded: list[str] = []
+    decode = service._decode
+
+    async def counting(registry: str, *args: Any, **kwargs: Any) -> Any:
+        decoded.append(registry)
+        return await decode(registry, *args, **kwargs)
+
+    asked: list[int] = []
+    probe = service.probe
+
+    async def arriving() -> Any:
+        asked.append(1)
+        return await probe()
+
+    service._decode = counting  # type: ignore[method-assign]
+    service.probe = arriving  # type: ignore[method-assign]
+    with running_server(service) as server:
+        async def burst() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=server.url, timeout=TIMEOUT) as session:
+                replies = [asyncio.ensure_future(session.get("/healthz")) for _ in range(20)]
+                await asyncio.to_thread(gate.wait_entered)
+                await asyncio.to_thread(wait_until, lambda: len(asked) == 20, what="twenty health checks")
+                gate.open()
+                return list(await asyncio.wait_for(asyncio.gather(*replies), timeout=120))
+
+        gate.close()
+        try:
+            replies = asyncio.run(burst())
+        finally:
+            gate.open()
+    assert [reply.status_code for reply in replies] == [200] * 20
+    assert len({json.dumps(reply.json()["probe"]) for reply in replies}) == 1 and len(decoded) == 1
+
+
 def test_timeout_is_504_and_frees_the_slot(tmp_path: Path) -> None:
     model = tiny_llama()
     gate = Gate(model)
