@@ -57,14 +57,18 @@ endif
 REGISTRY_NAME := $(basename $(notdir $(REGISTRY:.trie.safetensors=.safetensors)))
 TRAINING_DATA ?= build/$(REGISTRY_NAME).training
 PROMPT_STYLE ?= short
+# Labelled queries to train on (files or bundled set names, space-separated); none: the registry's own examples and
+# descriptions, or the bundled sets labelled over it.
+QUERIES ?=
 EVAL_KS ?= 1 2
 EVAL_GRAMMARS := $(foreach k,$(EVAL_KS),build/$(REGISTRY_NAME).k$(k).ebnf)
 EVAL_SOURCES := $(wildcard eval/*.py eval/data/*/*.jsonl)
 
 training-data: $(TRAINING_DATA)/meta.json
 
-$(TRAINING_DATA)/meta.json: $(REGISTRY) $(ARTIFACT) $(EVAL_SOURCES) | install
-	$(BIN)/tooltrie gen-data --registry $(REGISTRY) --artifact $(ARTIFACT) --prompt-style $(PROMPT_STYLE) -o $(TRAINING_DATA)
+$(TRAINING_DATA)/meta.json: $(REGISTRY) $(ARTIFACT) $(EVAL_SOURCES) $(wildcard $(QUERIES)) | install
+	$(BIN)/tooltrie gen-data --registry $(REGISTRY) --artifact $(ARTIFACT) --prompt-style $(PROMPT_STYLE) \
+		$(foreach q,$(QUERIES),--queries $(q)) -o $(TRAINING_DATA)
 
 # A LoRA adapter of the default model for the registry (these settings: 28 minutes on a shared 2-core Xeon VM; see
 # docs/training.md). For the bundled catalog, `make train ADAPTER=serve/default_adapter` remakes the embedded default
@@ -119,11 +123,13 @@ QUERY ?= What will the weather be in Paris tomorrow, and is there news about fli
 demo: install
 	$(BIN)/tooltrie ask "$(QUERY)" --k 3
 
-# The discovery endpoint (HTTP and MCP) on the embedded default, until Ctrl-C; e.g. SERVE_ARGS="--registry R".
+# The discovery endpoint (HTTP and MCP) on REGISTRY, until Ctrl-C: with the adapter `make train` made for it when
+# there is one, else the embedded default; more options in SERVE_ARGS.
 HOST ?= 127.0.0.1
 PORT ?= 8000
 serve: install
-	$(BIN)/tooltrie serve --host $(HOST) --port $(PORT) $(SERVE_ARGS)
+	$(BIN)/tooltrie serve --registry $(REGISTRY) $(if $(wildcard $(ADAPTER)/tooltrie.json),--model $(ADAPTER)) \
+		--host $(HOST) --port $(PORT) $(SERVE_ARGS)
 
 bench: install
 	$(BIN)/python bench/bench_compile.py

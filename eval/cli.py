@@ -27,7 +27,8 @@ def add_commands(commands: Any) -> None:
                     help="registry file or compiled artifact (default: the dataset's)")
     ev.add_argument("--artifact", type=Path, default=None, help="compiled artifact (default: compiled, cached)")
     add_separator_option(ev)
-    ev.add_argument("--model", default=None, help="local Hugging Face causal-LM directory (default: SmolLM2)")
+    ev.add_argument("--model", default=None,
+                      help="local Hugging Face causal-LM directory or adapter directory (default: SmolLM2)")
     ev.add_argument("--base", action="store_true", help="the base model alone, without the bundled adapter")
     ev.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
     ev.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",

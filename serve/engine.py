@@ -484,6 +484,7 @@ def response(answer: Answer, artifact: Artifact) -> dict[str, Any]:
                   for t in answer.tools],
         "finish_reason": answer.finish_reason,
         "registry": artifact.registry.name,
+        "registry_sha256": artifact.registry.sha256,
         "usage": {"prompt_tokens": answer.prompt_tokens, "completion_tokens": len(answer.token_ids),
                   "forward_passes": answer.forward_passes, "decision_points": answer.decision_points,
                   "speculated": answer.speculated},

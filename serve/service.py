@@ -380,9 +380,7 @@ class DiscoveryService:
             raise
         self.metrics.requests.labels(label, "ok").inc()
         self.metrics.latency.labels(label).observe(time.perf_counter() - started)
-        body = response(outcome.answer, outcome.artifact)
-        body["registry_sha256"] = outcome.artifact.registry.sha256
-        return body
+        return response(outcome.answer, outcome.artifact)
 
     async def admit(self, ask: DiscoveryRequest) -> Admitted:
         """Check ``ask`` against its registry, the caller's policy and the limits; the engine request to decode."""

@@ -66,9 +66,9 @@ def test_ask_json_names_three_catalog_tools(ask: Ask, tmp_path: Path) -> None:
     lines = out.splitlines()
     assert len(lines) == 1, out
     body = json.loads(lines[0])
-    assert set(body) == {"tools", "finish_reason", "registry", "usage", "ranker", "latency_ms"}
+    assert set(body) == {"tools", "finish_reason", "registry", "registry_sha256", "usage", "ranker", "latency_ms"}
     assert body["finish_reason"] == "stop"
-    assert body["registry"] == "catalog"
+    assert (body["registry"], body["registry_sha256"]) == ("catalog", catalog.sha256)
     names = [tool["name"] for tool in body["tools"]]
     assert len(names) == 3 == len(set(names)) and set(names) <= set(catalog.names), names
     assert [tool["rank"] for tool in body["tools"]] == [1, 2, 3]

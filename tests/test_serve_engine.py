@@ -551,7 +551,8 @@ def test_response_json(setups: dict[str, Setup]) -> None:
     answer = setup.answer(query, 3)
     body = response(answer, setup.artifact)
     assert json.loads(json.dumps(body, allow_nan=False)) == body
-    assert set(body) == {"tools", "finish_reason", "registry", "usage", "ranker", "latency_ms"}
+    assert set(body) == {"tools", "finish_reason", "registry", "registry_sha256", "usage", "ranker", "latency_ms"}
+    assert body["registry_sha256"] == setup.artifact.registry.sha256
     assert [tool["rank"] for tool in body["tools"]] == [1, 2, 3]
     for tool, choice in zip(body["tools"], answer.tools, strict=True):
         assert set(tool) == {"rank", "name", "pointer", "score"}

@@ -67,7 +67,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                            help="registry file or compiled artifact to serve; repeat for several, the first is "
                                 "the default (default: the bundled catalog)")
     add_separator_option(serve_cmd)
-    serve_cmd.add_argument("--model", default=None, help="local Hugging Face causal-LM directory (default: SmolLM2)")
+    serve_cmd.add_argument("--model", default=None,
+                             help="local Hugging Face causal-LM directory or adapter directory (default: SmolLM2)")
     serve_cmd.add_argument("--base", action="store_true", help="the base model alone, without the bundled adapter")
     serve_cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
     _add_dtype_option(serve_cmd)

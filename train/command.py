@@ -55,8 +55,8 @@ def add_gen_data_command(commands: Any) -> None:
                           "request per tool (for a registry without labelled queries; default 0)")
     gen.add_argument("--self-instruct", type=int, default=0, metavar="N",
                      help="add N requests per tool written by the default model (without its adapter) from the "
-                          "tool's text, kept when retrieval ranks the tool among its top 10 (needs the model and "
-                          "retrieval extras; slow on a CPU: about 2 s per tool on one core; default 0)")
+                          "tool's text, kept when retrieval ranks the tool among its top 10 (needs the model extra and "
+                          "all-MiniLM-L6-v2; slow on a CPU: about 2 s per tool on one core; default 0)")
     gen.add_argument("-o", "--output", type=Path, required=True, help="directory to write (replaced atomically)")
     gen.set_defaults(run=_gen_data)
 
@@ -80,10 +80,10 @@ def add_train_command(commands: Any) -> None:
                           "a registry's own text beside labelled queries of another; repeatable")
     cmd.add_argument("--hard-negatives", action="store_true",
                      help="draw each tool's requests beside those of the tool retrieval finds nearest it, in one "
-                          "batch (needs the retrieval extra; balanced sampling)")
+                          "batch (needs all-MiniLM-L6-v2; balanced sampling)")
     cmd.add_argument("--prior-weight", type=float, default=_DEFAULTS.prior_weight, metavar="W",
                      help="train through the fused ranker: each legal token's score is the model's plus retrieval's "
-                          "prior at weight W, as `--ranker fused` serves it (needs the retrieval extra; default 0: "
+                          "prior at weight W, as `--ranker fused` serves it (needs all-MiniLM-L6-v2; default 0: "
                           "the model alone)")
     cmd.add_argument("--base-model", default=None,
                      help="base model directory (default: SmolLM2-135M-Instruct, without any adapter)")
