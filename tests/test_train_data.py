@@ -238,6 +238,7 @@ def test_hard_negatives_are_drawn_beside_their_tool_in_one_batch() -> None:
     mixed = list(itertools.islice(balanced_batches(catalog, 8, seed=2, bucket=4, also=[other], partners=partners),
                                   500))
     assert all(len(batch) == 8 for batch in mixed)
+    assert all(sum(not e.tools[0].startswith("T") for e in batch) % 2 == 0 for batch in mixed)  # pairs never cut
     flat = [e for batch in mixed for e in batch]
     assert sum(e.tools[0].startswith("T") for e in flat) / len(flat) == pytest.approx(20 / 59, abs=0.03)
     together = [b for a, b in itertools.pairwise(flat) if a.k == 1 and a.tools[0] == "A" and b.tools == ("B",)]

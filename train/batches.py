@@ -174,11 +174,11 @@ def balanced_batches(examples: Sequence[Example], batch_size: int, *, seed: int,
     with weight proportional to its size, so a registry of many tools does not drown one of few.
 
     ``partners``: hard negatives, a tool of ``examples`` to the tool it is most easily taken for
-    (``train.hard_negatives``). That set's draws then come in pairs, side by side in one batch: a balanced draw and
-    a request for its tool's partner, so each step weighs the pair's differences.
+    (``train.hard_negatives``). That set's draws then come in pairs, side by side in one batch (``_packed``): a
+    balanced draw and a request for its tool's partner, so each step weighs the pair's differences.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    if batch_size < (2 if partners is not None else 1):
+        raise ValueError(f"batch_size must be at least {2 if partners is not None else 1}, got {batch_size}")
     sets = [_Balanced(members) for members in (examples, *also)]
     weights = [len(members) for members in (examples, *also)]
     rng, window = random.Random(seed), batch_size * bucket
@@ -190,12 +190,29 @@ def balanced_batches(examples: Sequence[Example], batch_size: int, *, seed: int,
             first = sets[0].draw_pairs(rng, counts[0], partners) if partners is not None else [
                 (example,) for example in sets[0].draw(rng, counts[0])]
             units = [*first, *((example,) for i, one in enumerate(sets[1:], 1) for example in one.draw(rng, counts[i]))]
-        units.sort(key=lambda unit: max(map(_length, unit)))  # a pair stays side by side
-        draws = [example for unit in units for example in unit][:window]
-        batches = [draws[i : i + batch_size] for i in range(0, len(draws), batch_size)]
+        units.sort(key=lambda unit: max(map(_length, unit)))
+        batches = _packed(units, batch_size, bucket)
         rng.shuffle(batches)
         yield from batches
 
+
+def _packed(units: Sequence[tuple[Example, ...]], batch_size: int, count: int) -> list[list[Example]]:
+    """Up to ``count`` full batches of ``units`` in order, never splitting one (a hard-negative pair stays in one
+    batch): a unit that does not fit a batch's last places waits, first in line for the next places."""
+    batches: list[list[Example]] = []
+    batch: list[Example] = []
+    waiting: list[tuple[Example, ...]] = []
+    for unit in units:
+        waiting.append(unit)
+        while (fits := next((i for i, one in enumerate(waiting) if len(batch) + len(one) <= batch_size), None)) \
+                is not None:
+            batch.extend(waiting.pop(fits))
+            if len(batch) == batch_size:
+                batches.append(batch)
+                if len(batches) == count:
+                    return batches
+                batch = []
+    return batches
 
 class _Balanced:
     """One set's balanced draw: k by the square root of its count, then a stratum, then an example."""
