@@ -71,9 +71,10 @@ def markdown(results: dict[str, Any], *, images: list[str] | None = None) -> str
     lines += _table(results, by_k=False)
     if len(settings.get("ks", [])) > 1:
         lines += ["", "By k:", "", *_table(results, by_k=True)]
-    if "retrieval" in results["arms"] and len(results["arms"]) > 1 and results.get("answers"):
+    paired = _against_retrieval(results)
+    if paired:
         lines += ["", "Exact sets against the retrieval arm, answer by answer (`tooltrie compare`: a 95 % paired "
-                  "bootstrap interval, the exact sign test):", "", *_against_retrieval(results)]
+                  "bootstrap interval, the exact sign test):", "", *paired]
     for image in images or []:
         lines += ["", f"![{image}]({image})"]
     return "\n".join(lines) + "\n"
@@ -93,13 +94,18 @@ def _table(results: dict[str, Any], *, by_k: bool) -> list[str]:
 
 
 def _against_retrieval(results: dict[str, Any]) -> list[str]:
+    """A table pairing each arm with the retrieval arm; none without it or without every arm's answers."""
     from tooltrie.eval.compare import ArmAnswers, compare
 
+    arms, answers = list(results["arms"]), results.get("answers") or []
+    complete = bool(answers) and all(arm in answer for answer in answers for arm in arms)
+    if "retrieval" not in arms or len(arms) < 2 or not complete:
+        return []
     lines = ["| arm | exact-set | retrieval | difference (95 % interval) | arm better | retrieval better | p |",
              "|---|---:|---:|---|---:|---:|---:|"]
     where = Path("results.json")
     retrieval = ArmAnswers.of(results, "retrieval", where=where)
-    for arm in results["arms"]:
+    for arm in arms:
         if arm != "retrieval":
             row = compare(ArmAnswers.of(results, arm, where=where), retrieval, rates=["exact"])[0]
             lines.append(f"| {arm} | {row.a:.1%} | {row.b:.1%} | {100 * row.difference:+.1f} points "
