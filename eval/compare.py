@@ -6,7 +6,8 @@ order, so a repeated query pairs with its own repetition) and reports, per rate 
 and per k:
 
 - both arms' means and the difference;
-- a 95 % interval for the difference from a paired bootstrap (seeded: the same files give the same interval);
+- a 95 % interval for the difference from a paired bootstrap (seeded per row: the same files give the same
+  interval, whichever other rows are asked for);
 - how many answers each arm scores higher, and the exact two-sided sign test's p-value on those counts (McNemar's
   exact test for the 0/1 rates): the chance of a split at least this uneven between two arms that are equally good.
 
@@ -116,13 +117,13 @@ def compare(a: ArmAnswers, b: ArmAnswers, *, rates: Sequence[str] = tuple(RATES)
     groups: list[tuple[int | None, list[Any]]] = [(None, keys)]
     if len(ks) > 1:
         groups += [(k, [key for key in keys if len(key[1]) == k]) for k in ks]
-    rng = np.random.default_rng(seed)
     rows = []
     for rate in rates:
         values_a, values_b = a.rates(rate), b.rates(rate)
         for k, chosen in groups:
             x = np.array([values_a[key] for key in chosen])
             y = np.array([values_b[key] for key in chosen])
+            rng = np.random.default_rng([seed, list(RATES).index(rate), k or 0])  # a row's own: whatever else is asked
             low, high = bootstrap_interval(x - y, resamples=resamples, rng=rng)
             wins, losses = int((x > y).sum()), int((x < y).sum())
             rows.append(Difference(rate, k, len(chosen), float(x.mean()), float(y.mean()), low, high, wins, losses,

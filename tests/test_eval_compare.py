@@ -168,3 +168,14 @@ def test_the_report_pairs_every_arm_with_retrieval() -> None:
     assert "against the retrieval arm" not in markdown(results)
     del arms["retrieval"]
     assert "against the retrieval arm" not in markdown(results)
+
+
+def test_a_rows_interval_does_not_depend_on_the_other_rows(tmp_path: Path) -> None:
+    answers = random_answers(random.Random(7), 60)
+    run = results_file(tmp_path / "run", answers)
+    x, y = ArmAnswers.load(f"{run}:x"), ArmAnswers.load(f"{run}:y")
+    every = {(row.rate, row.k): row for row in compare(x, y, resamples=500)}
+    for rate in ("recall", "top1"):
+        for row in compare(x, y, rates=[rate], resamples=500):
+            assert row == every[rate, row.k]
+    assert compare(x, y, resamples=500, seed=1) != list(every.values())
