@@ -5,6 +5,7 @@ all-MiniLM-L6-v2, so nothing is downloaded."""
 
 from __future__ import annotations
 
+import copy
 import threading
 import zlib
 from pathlib import Path
@@ -98,7 +99,7 @@ def test_embeddings_are_kept_beside_the_artifact_for_the_same_registry_only(arti
 def test_a_failed_step_leaves_the_worker_ranking(smollm: TokenizerInfo, artifact: Artifact) -> None:
     """A step that raises fails its rows; the engine the worker swaps in keeps the ranker and the settings, so the
     next request ranked by retrieval is answered as before the failure."""
-    model = tiny_model()
+    model = copy.deepcopy(tiny_model())  # its own: the gate's hook stays off the shared one
     gate = Gate(model)
     ranker = Ranker(artifact.registry, fused=Weights(model=1.0, retrieval=0.0), encoder=MadeUpEncoder())
     engine = Engine(model, smollm, artifact, ranker=ranker, speculate=3, max_batch=2)
