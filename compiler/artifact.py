@@ -32,6 +32,8 @@ FORMAT_VERSION = 1
 # Constant memory is 64 KiB per CUDA module; keep 4 KiB for whatever else the kernel module holds.
 CONSTANT_MEMORY_BUDGET = 60 * 1024
 _HEADER_KEY = "tooltrie"
+# safetensors refuses a header over 100,000,000 bytes; ours is all of it but the arrays' few hundred bytes.
+HEADER_LIMIT = 99_000_000
 
 
 def arrays_sha256(arrays: dict[str, Any]) -> str:
@@ -143,7 +145,12 @@ class Artifact:
 
     def save(self, path: str | Path) -> Path:
         """Write atomically: a reader sees the old file or the whole new one, never half of it."""
-        return write_atomically(path, save(dict(self.trie.arrays()), metadata={_HEADER_KEY: self.header_json()}))
+        header = self.header_json()
+        if len(header.encode("utf-8")) > HEADER_LIMIT:
+            raise ArtifactError(f"{path}: the artifact's header (the registry's text) takes "
+                                f"{len(header.encode('utf-8')):,} bytes; an artifact holds at most {HEADER_LIMIT:,} "
+                                "(shorten the descriptions or split the registry)")
+        return write_atomically(path, save(dict(self.trie.arrays()), metadata={_HEADER_KEY: header}))
 
     @classmethod
     def load(cls, path: str | Path, *, tokenizer: TokenizerInfo | None = None, registry: Registry | None = None,
@@ -231,10 +238,14 @@ class Artifact:
 
 
 def write_atomically(path: str | Path, blob: bytes) -> Path:
-    """Write ``blob`` to ``path`` so that a reader sees the old file or the whole new one, never half of it."""
+    """Write ``blob`` to ``path`` so that a reader sees the old file or the whole new one, never half of it. A path
+    that cannot be written (a directory there, a read-only folder) is an ``ArtifactError`` naming it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise ArtifactError(f"{path}: cannot write the artifact there: {exc}") from None
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(blob)
@@ -242,6 +253,9 @@ def write_atomically(path: str | Path, blob: bytes) -> Path:
             os.fsync(out.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the file is as readable as any other
         os.replace(tmp, path)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise ArtifactError(f"{path}: cannot write the artifact there: {exc}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

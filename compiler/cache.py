@@ -7,6 +7,7 @@ An unchanged registry costs one lookup. The cache lives in ``$TOOLTRIE_CACHE_DIR
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 from pathlib import Path
@@ -28,8 +29,10 @@ def default_cache_dir() -> Path:
 
 
 def cache_key(registry: Registry, tokenizer: TokenizerInfo, contract: Contract) -> str:
-    parts = f"{FORMAT_VERSION}:{registry.sha256}:{tokenizer.fingerprint}:{contract.sha256}"
-    return hashlib.sha256(parts.encode("utf-8")).hexdigest()[:32]
+    """The tools' content, and the name and file the artifact records (the content hash leaves them out: a renamed
+    or copied registry must not come back under its old name or file)."""
+    parts = [FORMAT_VERSION, registry.sha256, registry.name, registry.source, tokenizer.fingerprint, contract.sha256]
+    return hashlib.sha256(repr(parts).encode("utf-8")).hexdigest()[:32]
 
 
 def compile_cached(registry: Registry, tokenizer: TokenizerInfo, contract: Contract | None = None, *,
@@ -44,5 +47,8 @@ def compile_cached(registry: Registry, tokenizer: TokenizerInfo, contract: Contr
         except ArtifactError:
             pass  # corrupt or stale: recompile below and replace it atomically
     artifact = compile_registry(registry, tokenizer, contract)
-    artifact.save(path)
+    try:
+        artifact.save(path)
+    except ArtifactError as exc:  # the cache is an optimisation: an unwritable one costs a compile, not the answer
+        logging.getLogger(__name__).warning("the compiled artifact was not cached: %s", exc)
     return artifact

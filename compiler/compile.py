@@ -71,6 +71,10 @@ def compile_registry(
     ('constant', 47, Split(left='', right=', '))
     """
     contract = contract or Contract()
+    held = [token for token in sorted(tokenizer.special_tokens) if token and token in contract.separator]
+    if held:
+        raise CompileError(f"the contract's separator {contract.separator!r} holds {tokenizer.source}'s special token "
+                           f"{held[0]!r}: an answer would stop or change turns inside it; choose another separator")
     names = registry.names
     show = len(names) >= PROGRESS_MIN_TOOLS and sys.stderr.isatty() if progress is None else progress
     splits = _split_candidates(contract.separator)

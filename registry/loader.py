@@ -4,7 +4,8 @@ Formats, picked by extension and shape:
 
 - native YAML (``.yaml``/``.yml``): ``{name?, description?, source?, license?, tools: [{name, description,
   pointer?, tags?, examples?, parameters?}]}``; unknown keys are errors (they are usually typos);
-- an OpenAI tools list (``.json``): ``[{"type": "function", "function": {"name", "description", ...}}]``,
+- an OpenAI tools list (``.json``): ``[{"type": "function", "function": {"name", "description", ...}}]``, or the
+  Responses API's flat ``[{"type": "function", "name", "description", ...}]``,
   bare or under ``"tools"``;
 - an MCP ``tools/list`` result (``.json``): ``{"tools": [{"name", "description", "inputSchema"}]}``, bare or
   inside a JSON-RPC response's ``"result"``;
@@ -124,15 +125,17 @@ def _read_native_yaml(text: str, source: str, name: str) -> tuple[list[_Record],
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()
+        if root is not None:  # before constructing, which writes merge keys (<<) into the mappings they merge
+            _refuse_duplicate_keys(root, source)
         data = loader.construct_document(root) if root is not None else None
     except yaml.YAMLError as exc:
         raise RegistryError(f"{source}: invalid YAML: {exc}") from None
+    except RecursionError:
+        raise RegistryError(f"{source}: invalid YAML: an alias refers to a node that holds it") from None
     finally:
         loader.dispose()
     if not isinstance(data, dict):
         raise RegistryError(f"{source}: expected a mapping with a 'tools' list at the top level, got {kind(data)}")
-    if root is not None:
-        _refuse_duplicate_keys(root, source)
     unknown = sorted(set(map(str, data)) - _NATIVE_TOP_KEYS)
     if unknown:
         raise RegistryError(
@@ -150,9 +153,13 @@ def _read_native_yaml(text: str, source: str, name: str) -> tuple[list[_Record],
     return records, declared
 
 
-def first_duplicate_key(node: yaml.Node) -> tuple[yaml.Node, int, int] | None:
+def first_duplicate_key(node: yaml.Node, visited: set[int] | None = None) -> tuple[yaml.Node, int, int] | None:
     """The first mapping key given twice under ``node`` (YAML lets a later one silently win): (key node, its line,
-    the first one's line), or None."""
+    the first one's line), or None. A node reached again through an alias is looked at once."""
+    visited = set() if visited is None else visited
+    if id(node) in visited:
+        return None
+    visited.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen: dict[object, int] = {}
         for key, _ in node.value:
@@ -163,7 +170,7 @@ def first_duplicate_key(node: yaml.Node) -> tuple[yaml.Node, int, int] | None:
     if isinstance(node, yaml.MappingNode | yaml.SequenceNode):
         for child in node.value:
             for part in child if isinstance(child, tuple) else (child,):
-                found = first_duplicate_key(part)
+                found = first_duplicate_key(part, visited)
                 if found is not None:
                     return found
     return None
@@ -210,6 +217,9 @@ def _read_json(text: str, source: str) -> Iterator[_Record]:
         raise RegistryError(f"{source}:{exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
     if isinstance(data, dict) and isinstance(data.get("result"), dict):  # a JSON-RPC response to tools/list
         data = data["result"]
+    if isinstance(data, dict) and data.get("nextCursor"):
+        raise RegistryError(f"{source}: one page of an MCP tools/list result (nextCursor {data['nextCursor']!r}): "
+                            "the tools of the later pages would be missing; fetch every page and list them together")
     if isinstance(data, dict) and "tools" in data:
         data = data["tools"]
     if not isinstance(data, list):
@@ -223,11 +233,14 @@ def _read_json(text: str, source: str) -> Iterator[_Record]:
             if entry.get("type") != "function":
                 yield _Record(None, where, refused=f"OpenAI tool type must be 'function', got {entry.get('type')!r}")
                 continue
-            if not isinstance(entry.get("function"), dict):
+            if "function" not in entry and "name" in entry:  # the Responses API's flat form: the function itself
+                entry = {key: value for key, value in entry.items() if key != "type"}
+            elif not isinstance(entry.get("function"), dict):
                 yield _Record(None, f"{where}.function",
                               refused=f"expected a mapping (an object), got {kind(entry.get('function'))}")
                 continue
-            entry = entry["function"]
+            else:
+                entry = entry["function"]
         yield _Record(entry, where)
 
 

@@ -52,6 +52,8 @@ def _from_schema(schema: dict[str, Any]) -> tuple[Parameter, ...]:
         raise ValueError(f"parameters' 'required' must be a list of names, got {kind(required)}")
     found = []
     for name, spec in properties.items():
+        if not str(name):
+            raise ValueError("parameters' 'properties' has a parameter with an empty name")
         if not isinstance(spec, dict):
             raise ValueError(f"parameter {name!r} must be a schema object, got {kind(spec)}")
         declared = spec.get("type", "")

@@ -28,7 +28,7 @@ from tooltrie.compiler import (
 from tooltrie.compiler.artifact import FORMAT, FORMAT_VERSION, arrays_sha256
 from tooltrie.compiler.cache import cache_key
 from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR
-from tooltrie.errors import ArtifactError, ArtifactMismatchError
+from tooltrie.errors import ArtifactError, ArtifactMismatchError, CompileError
 from tooltrie.registry import Registry, make_registry
 
 
@@ -174,7 +174,7 @@ def test_failed_save_keeps_the_old_file_and_no_temp(catalog_artifact: Artifact, 
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "fsync", failing_fsync)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ArtifactError, match=r"a\.safetensors: cannot write the artifact there: disk full"):
         catalog_artifact.save(target)
     assert target.read_bytes() == old
     assert [p.name for p in tmp_path.iterdir()] == ["a.safetensors"]
@@ -489,3 +489,44 @@ def test_compile_cached_stays_inside_the_cache_dir(smollm: TokenizerInfo, tmp_pa
     compile_cached(registry, smollm, cache_dir=cache_dir)
     outside = [p for p in tmp_path.rglob("*.safetensors") if cache_dir not in p.parents]
     assert not outside, outside
+
+
+def test_a_path_that_cannot_be_written_is_an_artifact_error(catalog_artifact: Artifact, tmp_path: Path) -> None:
+    (tmp_path / "taken.safetensors").mkdir()
+    (tmp_path / "file").write_text("x")
+    for target in (tmp_path / "taken.safetensors", tmp_path / "file" / "a.safetensors"):
+        with pytest.raises(ArtifactError, match="cannot write the artifact there"):
+            catalog_artifact.save(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "taken.safetensors"]
+
+
+def test_a_header_past_the_format_limit_is_refused_before_writing(catalog_artifact: Artifact, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import tooltrie.compiler.artifact as artifact_module
+
+    monkeypatch.setattr(artifact_module, "HEADER_LIMIT", 1_000)
+    with pytest.raises(ArtifactError, match=r"header \(the registry's text\) takes [\d,]+ bytes; an artifact holds"):
+        catalog_artifact.save(tmp_path / "a.safetensors")
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_unwritable_cache_costs_a_compile_not_the_artifact(catalog: Registry, smollm: TokenizerInfo, tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "file").write_text("x")
+    artifact = compile_cached(catalog, smollm, cache_dir=tmp_path / "file" / "cache")
+    assert artifact.registry.sha256 == catalog.sha256 and "was not cached" in caplog.text
+
+
+def test_a_renamed_or_moved_registry_is_not_served_under_its_old_name(smollm: TokenizerInfo, tmp_path: Path) -> None:
+    tools = [{"name": "get_a", "pointer": "https://a"}, {"name": "get_b", "pointer": "https://b"}]
+    first = compile_cached(make_registry(tools, name="weather tools", source="a.yaml"), smollm, cache_dir=tmp_path)
+    renamed = compile_cached(make_registry(tools, name="weather_tools", source="a.yaml"), smollm, cache_dir=tmp_path)
+    moved = compile_cached(make_registry(tools, name="weather tools", source="b.yaml"), smollm, cache_dir=tmp_path)
+    assert first.registry.sha256 == renamed.registry.sha256 == moved.registry.sha256
+    assert [(a.registry.name, a.registry.source) for a in (first, renamed, moved)] == [
+        ("weather tools", "a.yaml"), ("weather_tools", "a.yaml"), ("weather tools", "b.yaml")]
+
+
+def test_a_separator_holding_a_special_token_is_refused(catalog: Registry, smollm: TokenizerInfo) -> None:
+    with pytest.raises(CompileError, match=re.escape("separator '<|im_end|>' holds smollm2-135m's special token")):
+        compile_registry(catalog, smollm, Contract(separator="<|im_end|>"))

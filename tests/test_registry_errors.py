@@ -80,7 +80,7 @@ LOAD_CASES = [
                                       {"type": "retrieval", "function": {"name": "b"}}]),
                  r"{file} \(tools\[1\]\): OpenAI tool type must be 'function', got 'retrieval'",
                  id="openai-type-not-function"),
-    pytest.param(".json", json.dumps({"tools": [{"type": "function", "name": "a"}]}),
+    pytest.param(".json", json.dumps({"tools": [{"type": "function", "description": "neither wrapped nor named"}]}),
                  r"{file} \(tools\[0\]\)\.function: expected a mapping \(an object\), got nothing",
                  id="openai-function-missing"),
     pytest.param(".json", json.dumps({"name": "a", "description": "one tool, not a list"}),
@@ -105,6 +105,15 @@ LOAD_CASES = [
                  id="description-not-a-string"),
     pytest.param(".yaml", "tools:\n- name: a\n  pointer: ''\n",
                  r"{file}:2 \(tools\[0\]\) 'a': pointer must be a non-empty string, got ''", id="empty-pointer"),
+    pytest.param(".json", json.dumps({"jsonrpc": "2.0", "id": 1, "result": {"tools": [{"name": "a"}],
+                                                                          "nextCursor": "abc"}}),
+                 r"{file}: one page of an MCP tools/list result \(nextCursor 'abc'\): the tools of the later pages",
+                 id="mcp-page"),
+    pytest.param(".json", json.dumps({"tools": [{"name": "a", "inputSchema": {"properties": {"": {}}}}]}),
+                 r"{file} \(tools\[0\]\) 'a': parameters' 'properties' has a parameter with an empty name",
+                 id="empty-parameter-name"),
+    pytest.param(".yaml", "tools: [&a {name: x, tags: [*a]}]\n",
+                 r"{file}:1 \(tools\[0\]\) 'x': tags must be a list of strings", id="recursive-alias"),
 ]
 
 

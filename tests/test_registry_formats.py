@@ -233,3 +233,19 @@ def test_bundled_bfcl() -> None:
     pairs = sorted(sorted(group) for group in by_folded.values() if len(group) > 1)
     assert pairs == [["GET_PARCEL_STATE", "get_parcel_state"], ["calculate_BMI", "calculate_bmi"],
                      ["calculate_ROI", "calculate_roi"]]
+
+
+def test_the_responses_apis_flat_tools_and_yaml_merge_keys_load(tmp_path: Path) -> None:
+    wrapped = [{"type": "function", "function": {"name": "get_a", "description": "x",
+                                                 "parameters": {"type": "object", "properties": {"city": {}}}}}]
+    flat = [{"type": "function", "name": "get_a", "description": "x", "strict": True,
+             "parameters": {"type": "object", "properties": {"city": {}}}}]
+    (tmp_path / "wrapped.json").write_text(json.dumps(wrapped))
+    (tmp_path / "flat.json").write_text(json.dumps(flat))
+    assert load_registry(tmp_path / "flat.json", name="t").sha256 == load_registry(tmp_path / "wrapped.json",
+                                                                                   name="t").sha256
+    (tmp_path / "merged.yaml").write_text("tools:\n  - &base {name: get_a, description: shared, tags: [x]}\n"
+                                          "  - <<: *base\n    name: get_b\n")
+    merged = load_registry(tmp_path / "merged.yaml")
+    assert [(t.name, t.description, t.tags) for t in merged.tools] == [("get_a", "shared", ("x",)),
+                                                                        ("get_b", "shared", ("x",))]

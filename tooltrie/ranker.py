@@ -16,12 +16,13 @@ The tools' embeddings are computed once per registry version and kept in a file 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tooltrie.errors import TooltrieError
+from tooltrie.errors import ArtifactError, TooltrieError
 
 if TYPE_CHECKING:  # numpy is imported where it is used: the CLI reads this module's names to build its options
     import numpy as np
@@ -148,8 +149,11 @@ def _write_embeddings(path: Path, embeddings: npt.NDArray[np.float32], registry_
 
     from tooltrie.compiler.artifact import write_atomically
 
-    write_atomically(path, save({"embeddings": np.ascontiguousarray(embeddings)},
-                                metadata={"registry_sha256": registry_sha256, "encoder": ENCODER}))
+    try:
+        write_atomically(path, save({"embeddings": np.ascontiguousarray(embeddings)},
+                                    metadata={"registry_sha256": registry_sha256, "encoder": ENCODER}))
+    except ArtifactError as exc:  # only a cache: the ranker answers from the embeddings it holds
+        logging.getLogger(__name__).warning("the tools' embeddings were not cached: %s", exc)
 
 
 __all__ = ["RANKERS", "Ranker", "RankerError", "Weights", "check_ranker", "embeddings_path", "ranker_for"]
