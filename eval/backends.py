@@ -48,7 +48,7 @@ class EvalSetup:
     prompt: Prompt
     batch_size: int = 8
     max_new_tokens: int = 48  # for unconstrained decoding (constrained answers end by themselves)
-    model_path: Path | None = None  # for engines that load the model themselves (vLLM)
+    model_path: Path | None = None  # the model's directory: its tokenizer files go with the copy vLLM loads
     artifact_path: Path | None = None  # for engines that load the artifact themselves (vLLM)
     options: dict[str, Any] = field(default_factory=dict)
 

@@ -4,7 +4,7 @@ Every backend hands back the answer as text; it is split with ``Contract.parse``
 by, so a constrained arm gets no credit the text does not carry) and compared with the gold tools:
 
 - **valid**: exactly k names, each a registry tool, none repeated (what the trie guarantees);
-- **exact**: the set of names equals the gold set (order free);
+- **exact**: k names whose set is the gold set (order free; a repeat or an extra name is not exact);
 - **recall@k**: gold tools among the first k names / gold tools; **precision**: right names / names given;
 - **top-1**: the first name is a gold tool;
 - **hallucinated**: some name is not in the registry; **repeated**: some name occurs twice; **wrong count**: not k
@@ -79,7 +79,7 @@ def answer_rates(predicted: Sequence[str], gold: Sequence[str]) -> dict[str, flo
     {'exact': 0.0, 'recall': 0.5, 'top1': 0.0}
     """
     k, gold_set = len(gold), set(gold)
-    return {"exact": float(set(predicted) == gold_set),
+    return {"exact": float(len(predicted) == k and set(predicted) == gold_set),  # k names, the gold set: distinct
             "recall": len(set(predicted[:k]) & gold_set) / k,
             "top1": float(bool(predicted) and predicted[0] in gold_set)}
 

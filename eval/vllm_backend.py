@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from tooltrie.compiler.ebnf import exactly_k_ebnf
-from tooltrie.errors import TooltrieError
 from tooltrie.eval.backends import Arm, EvalSetup, Prediction
 from tooltrie.eval.datasets import LabelledQuery
 
@@ -39,9 +38,8 @@ class VllmArm(Arm):
     @property
     def llm(self) -> Any:
         if self._llm is None:
-            if self.setup.model_path is None:
-                raise TooltrieError("the vLLM arms need the model as a directory (config.json + weights)")
-            self._llm = shared_llm(str(self.setup.model_path), **self.setup.options.get("vllm", {}))
+            self._llm = shared_llm(str(served_model_dir(self.setup)), **{
+                "dtype": str(self.setup.model.dtype).removeprefix("torch."), **self.setup.options.get("vllm", {})})
         return self._llm
 
     @functools.cached_property
@@ -81,6 +79,21 @@ class VllmArm(Arm):
             reason = "stop" if eos in tokens else (output.outputs[0].finish_reason or "length")
             predictions.append(Prediction(self.setup.tokenizer.decode(answer), tokens, reason))
         return predictions
+
+
+def served_model_dir(setup: EvalSetup) -> Path:
+    """The model every other arm runs (its adapter merged, its dtype), written once per process as the directory
+    vLLM loads: the base model's directory would lack the adapter."""
+    from tooltrie.serve.model import save_model_as_served
+
+    key = id(setup.model)
+    if key not in _SAVED:
+        _SAVED[key] = save_model_as_served(setup.model, setup.model_path,
+                                           Path(tempfile.mkdtemp(prefix="tooltrie-vllm-model-")))
+    return _SAVED[key]
+
+
+_SAVED: dict[int, Path] = {}
 
 
 @functools.cache

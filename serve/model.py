@@ -504,6 +504,19 @@ def _load_directory(path: Path, *, dtype: torch.dtype) -> PreTrainedModel:
     return cast("PreTrainedModel", loaded.eval())
 
 
+def save_model_as_served(model: PreTrainedModel, tokenizer_dir: Path | None, out_dir: Path) -> Path:
+    """Write ``model`` as it is (an adapter merged in, its dtype) into ``out_dir`` with the tokenizer files of
+    ``tokenizer_dir`` (else the bundled tokenizer's): a directory an engine that loads models itself (vLLM) runs
+    as the other arms run the model in memory."""
+    _plain_copy(model).save_pretrained(out_dir)
+    for name in _TOKENIZER_FILES:
+        source = (tokenizer_dir if tokenizer_dir is not None and (tokenizer_dir / name).is_file()
+                  else _bundled_tokenizer_dir()) / name
+        if source.is_file():
+            shutil.copyfile(source, out_dir / name)
+    return out_dir
+
+
 def _plain_copy(model: PreTrainedModel) -> PreTrainedModel:
     """The same weights in a model whose config has no quantization entry, so ``save_pretrained`` accepts it.
 

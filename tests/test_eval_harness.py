@@ -111,3 +111,26 @@ def test_cli_eval_with_a_model_directory(tmp_path: Path, monkeypatch: pytest.Mon
     results = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
     assert results["settings"]["prompt_style"] == "short" and results["settings"]["split"] == "all"
     assert (tmp_path / "out" / "report.md").is_file() and not (tmp_path / "out" / "accuracy.png").exists()
+
+
+def test_the_vllm_arms_load_the_model_the_other_arms_run(catalog_artifact: Artifact, smollm: TokenizerInfo,
+                                                          tmp_path: Path) -> None:
+    """vLLM loads a directory: the one written holds the model in memory (an adapter merged into it, its dtype),
+    not the base model's directory, and is written once per model."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tooltrie.eval.vllm_backend import served_model_dir
+
+    model = copy.deepcopy(tiny_model()).to(torch.bfloat16)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(1.5)  # as a merged adapter would: weights no base directory holds
+    setup = EvalSetup(model=model, tokenizer=smollm, artifact=catalog_artifact, prompt=Prompt.style("short"))
+    directory = served_model_dir(setup)
+    assert served_model_dir(setup) == directory and (directory / "tokenizer.json").is_file()
+    loaded = AutoModelForCausalLM.from_pretrained(directory, dtype="auto")
+    assert loaded.dtype == torch.bfloat16
+    saved, held = loaded.state_dict(), model.state_dict()
+    assert saved.keys() == held.keys() and all(torch.equal(saved[name], held[name]) for name in held)

@@ -57,3 +57,11 @@ def test_summarize_rates_and_latency() -> None:
     assert summary["latency_median_ms"] == pytest.approx(6.5)
     assert summary["latency_p90_ms"] == pytest.approx(10 + 0.9 * 90)  # numpy's linear interpolation
     assert summarize([], [])["exact"] is None
+
+
+@pytest.mark.parametrize(("text", "gold"), [("NewsTool, NewsTool", ("NewsTool",)),  # the gold set, twice
+                                            ("NewsTool, FinanceTool, NewsTool", GOLD)])  # the gold set and a repeat
+def test_an_answer_that_repeats_a_gold_tool_is_not_exact(text: str, gold: tuple[str, ...]) -> None:
+    outcome = score(text, gold, names=NAMES, contract=Contract())
+    assert (outcome.exact, outcome.recall, outcome.top1, outcome.valid, outcome.repeated) == (False, 1.0, True, False,
+                                                                                              True)
