@@ -26,21 +26,26 @@ from tooltrie.kernels.state import ERROR, check_k
 class TrieLogitsProcessor(LogitsProcessor):
     """Constrain ``generate`` to answers of exactly ``k`` distinct registry tools: each call accepts the token every
     row just took and masks the scores in place, one call each for the whole batch (``kernels/batch.py``), on the
-    scores' device (``backend``: ``"cuda"`` for CUDA scores, else ``"cpu"``, unless named)."""
+    scores' device (``backend``: ``"cuda"`` for CUDA scores, else ``"cpu"``, unless named). Where rows change
+    between calls (beam search, assisted decoding), each is replayed from its prompt."""
 
     def __init__(self, artifact: Artifact, k: int, *, reasoning_end_id: int | None = None,
                  backend: str | None = None) -> None:
         check_k(k, artifact.trie.n_tools)
         self.artifact, self.k, self.reasoning_end_id, self.backend = artifact, k, reasoning_end_id, backend
         self._batch: TrieBatch | None = None
-        self._prompt = torch.zeros((0, 0), dtype=torch.long)
+        self._prompt = self._seen = torch.zeros((0, 0), dtype=torch.long)
         self._prompt_length = self._seen_length = -1
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self._continues(input_ids):
             self._feed(input_ids)
+        elif self._same_prompts(input_ids):  # beams reordered, or drafted tokens rolled back: replay each row
+            self._start(input_ids[:, : self._prompt_length], scores)
+            self._feed(input_ids)
         else:
             self._start(input_ids, scores)
+        self._seen = input_ids.clone()
         self._seen_length = input_ids.shape[1]
         assert self._batch is not None  # started above
         self._batch.mask_logits_(scores)
@@ -60,11 +65,20 @@ class TrieLogitsProcessor(LogitsProcessor):
     def reset(self) -> None:
         """Forget the rows (a new ``generate`` call is also recognised by itself)."""
         self._batch, self._prompt_length, self._seen_length = None, -1, -1
+        self._prompt = self._seen = torch.zeros((0, 0), dtype=torch.long)
 
     def _continues(self, input_ids: torch.Tensor) -> bool:
-        """Whether this call continues the last ``generate`` (one more token, the same prompts), or starts one."""
-        return (self._batch is not None and input_ids.shape[1] == self._seen_length + 1
-                and input_ids.shape[0] == self._prompt.shape[0]
+        """Whether this call extends what the last one saw, row for row (greedy or sampled decoding: one more
+        token; a draft verified: a few more)."""
+        return (self._batch is not None and input_ids.shape[0] == self._seen.shape[0]
+                and input_ids.shape[1] > self._seen_length
+                and torch.equal(input_ids[:, : self._seen_length], self._seen))
+
+    def _same_prompts(self, input_ids: torch.Tensor) -> bool:
+        """Whether this call is the same ``generate`` with rows that changed after their prompts (beam search
+        reorders beams; assisted decoding rolls back rejected draft tokens)."""
+        return (self._batch is not None and input_ids.shape[0] == self._prompt.shape[0]
+                and input_ids.shape[1] >= self._prompt_length
                 and torch.equal(input_ids[:, : self._prompt_length], self._prompt))
 
     def _start(self, input_ids: torch.Tensor, scores: torch.Tensor) -> None:

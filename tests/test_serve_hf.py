@@ -17,6 +17,7 @@ from transformers import LogitsProcessorList
 from tooltrie.compiler import Artifact, TokenizerInfo
 from tooltrie.errors import DecodeError
 from tooltrie.integrations.hf import TrieLogitsProcessor
+from tooltrie.kernels import TrieMatcher
 from tooltrie.kernels.rules import Slot, legal_moves
 from tooltrie.serve.engine import Engine
 
@@ -143,3 +144,25 @@ def test_k_outside_one_to_n_tools_is_refused(engines: dict[str, Engine], model: 
     engine = engines["small"]
     with pytest.raises(DecodeError, match=f"k={bad_k}"):
         generate(model, engine.artifact, [prompt_ids(engine, "hi", 1)], TrieLogitsProcessor(engine.artifact, bad_k))
+
+
+@pytest.mark.parametrize("search", [{"num_beams": 3, "num_return_sequences": 3}, {"prompt_lookup_num_tokens": 3}],
+                         ids=["beam-search", "assisted"])
+def test_beams_and_drafts_are_replayed_into_exactly_k_tools(engines: dict[str, Engine], model: Any,
+                                                            search: dict[str, int]) -> None:
+    """Beam search reorders rows between calls and assisted decoding rolls drafted tokens back: each row is
+    replayed from its prompt, and every returned sequence is k distinct tools the trie accepts."""
+    engine = engines["small"]
+    artifact = engine.artifact
+    for query in QUERIES:
+        for k in (2, 3):
+            prompt = prompt_ids(engine, query, k)
+            processor = TrieLogitsProcessor(artifact, k)
+            with torch.no_grad():
+                out = model.generate(torch.tensor([prompt]), logits_processor=LogitsProcessorList([processor]),
+                                     do_sample=False, max_new_tokens=MAX_NEW_TOKENS, eos_token_id=artifact.eos_id,
+                                     pad_token_id=artifact.eos_id, **search)
+            for row in out:
+                answer = until_stop(row[len(prompt):].tolist(), artifact.eos_id)
+                matcher = TrieMatcher(artifact, k)
+                assert all(matcher.accept_token(t) for t in answer) and matcher.is_terminated(), (query, k, answer)
