@@ -146,10 +146,11 @@ class Artifact:
     def save(self, path: str | Path) -> Path:
         """Write atomically: a reader sees the old file or the whole new one, never half of it."""
         header = self.header_json()
-        if len(header.encode("utf-8")) > HEADER_LIMIT:
-            raise ArtifactError(f"{path}: the artifact's header (the registry's text) takes "
-                                f"{len(header.encode('utf-8')):,} bytes; an artifact holds at most {HEADER_LIMIT:,} "
-                                "(shorten the descriptions or split the registry)")
+        size = len(header.encode("utf-8"))
+        if size > HEADER_LIMIT:
+            raise ArtifactError(f"{path}: the artifact's header (the registry's text) takes {size:,} bytes; an "
+                                f"artifact holds at most {HEADER_LIMIT:,} (shorten the descriptions or split the "
+                                "registry)")
         return write_atomically(path, save(dict(self.trie.arrays()), metadata={_HEADER_KEY: header}))
 
     @classmethod

@@ -256,6 +256,8 @@ class DiscoveryService:
         if self.trainer is not None and adapter is None and not known:
             self.trainer.request(served.name, served.artifact)  # ready at once when it is in the cache
             adapter = self.trainer.cached(served.artifact)
+        if adapter is None:  # the server's prompt, which ``served`` was counted with when loaded
+            return replace(served, adapter=None)
         return served.with_adapter(adapter, self.tokenizer, self._prompt(adapter))
 
     def _ranking_adapter(self, served: ServedRegistry) -> AdapterRecord | None:
