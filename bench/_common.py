@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tooltrie.eval.files import relative_paths
+from tooltrie.eval.files import json_text, relative_paths
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -244,7 +244,7 @@ def write_results(name: str, *, settings: Mapping[str, Any], results: Any, out: 
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"machine": machine_info(), "versions": package_versions(), "settings": dict(settings),
                "results": results}
-    text = json.dumps(relative_paths(payload, root=REPO_DIR), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    text = json_text(relative_paths(payload, root=REPO_DIR))
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -79,6 +79,9 @@ def summarize(results: Mapping[str, Any], judgments: Mapping[tuple[str, str], st
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tooltrie.eval.files import json_text, write_text
+    from tooltrie.eval.results import read_results
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", type=Path, help="tooltrie eval results.json files (BFCL)")
     parser.add_argument("--judgments", type=Path, default=JUDGMENTS)
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
           "| unjudged wrong names |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for path in args.results:
-        results = json.loads(path.read_text(encoding="utf-8"))
+        results = read_results(path)
         if results["settings"]["dataset"] != "bfcl":
             parser.error(f"{path}: answers of {results['settings']['dataset']!r}, not BFCL's")
         table[path.parent.name] = summary = summarize(results, judgments)
@@ -98,9 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             cells = [f"{100 * row[kind][m]:.1f}" for m in METRICS for kind in ("labelled", "with_equivalents")]
             print(f"| {path.parent.name} | {arm} | {' | '.join(cells)} | {row['unjudged_wrong_names']} |")
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps({"judgments": len(judgments), "results": table}, indent=1) + "\n",
-                               encoding="utf-8")
+        write_text(args.output, json_text({"judgments": len(judgments), "results": table}))
     return 0
 
 

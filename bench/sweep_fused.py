@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.compiler.sources import artifact_from
     from tooltrie.eval.datasets import load_split, registry_path
-    from tooltrie.eval.files import relative_paths, write_text
+    from tooltrie.eval.files import json_text, relative_paths, write_text
     from tooltrie.eval.harness import evaluate
     from tooltrie.serve.model import load_model
     from tooltrie.serve.prompt import Prompt
@@ -71,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     for arm, data in results["arms"].items():
         s = data["summary"]
         print(f"{arm:<16}{s['exact']:>8.3f}{s['top1']:>8.3f}{s['recall']:>8.3f}")
-    write_text(args.output, json.dumps(relative_paths(results), indent=1) + "\n")
+    write_text(args.output, json_text(relative_paths(results)))
     return 0
 
 

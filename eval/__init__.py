@@ -4,6 +4,8 @@
 - ``backends``: the arms: the engine, the transformers logits processor, unconstrained generation, an XGrammar
   grammar, retrieval (``tooltrie.retrieval``) and vLLM;
 - ``harness``, ``scoring``: the run over a split and its scores (exact set, top-1, validity);
-- ``report``: ``results.json``, ``report.md`` and plots;
+- ``results``: ``results.json`` (settings and scores) and ``answers.jsonl`` (one line per query), written and read;
+- ``report``: those files, ``report.md`` and plots;
+- ``compare``: two arms answer by answer (``tooltrie compare``);
 - ``cli``: ``tooltrie eval`` and ``tooltrie grammar``.
 """

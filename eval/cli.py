@@ -41,7 +41,8 @@ def add_commands(commands: Any) -> None:
     ev.add_argument("--max-new-tokens", type=int, default=48, help="for unconstrained arms (default 48)")
     add_ranker_options(ev, what="the engine arm's", default="model")
     ev.add_argument("--no-plots", dest="plots", action="store_false")
-    ev.add_argument("-o", "--output", type=Path, required=True, help="directory for results.json, report.md, PNGs")
+    ev.add_argument("-o", "--output", type=Path, required=True,
+                    help="directory for results.json, answers.jsonl, report.md, PNGs")
     ev.set_defaults(run=_eval)
 
     cmp = commands.add_parser("compare", help="two evaluated arms answer by answer: is their difference noise?")

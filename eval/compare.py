@@ -16,7 +16,6 @@ On a test split of a few hundred queries a few points are often within noise; th
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -25,15 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from tooltrie.errors import TooltrieError
+from tooltrie.eval.results import ANSWERS_FILE, RESULTS_FILE, ResultsError, read_results
 from tooltrie.eval.scoring import answer_rates
 
 RATES = {"exact": "exact set", "top1": "top-1", "recall": "recall@k"}
 RESAMPLES = 10_000
-
-
-class ResultsError(TooltrieError, ValueError):
-    """An evaluation's results cannot be read, or cannot be paired with another's."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +44,7 @@ class ArmAnswers:
         """``RESULTS:ARM``, RESULTS a ``results.json`` or the directory ``tooltrie eval -o`` wrote it in; ``:ARM``
         may be left out where the file holds one arm."""
         path, arm = _split_spec(str(spec))
-        results = _read_results(path)
+        results = read_results(path)
         arms = list(results.get("arms", {}))
         if arm is None:
             if len(arms) != 1:
@@ -75,8 +70,8 @@ class ArmAnswers:
             keys.append((*pair, seen[pair]))
             predicted.append(names)
         if not keys:
-            raise ResultsError(f"{where}: holds no answers")
-        return cls(f"{where.parent if where.name == 'results.json' else where}:{arm}", tuple(keys), tuple(predicted))
+            raise ResultsError(f"{where}: holds no answers (none in the {ANSWERS_FILE} beside it)")
+        return cls(f"{where.parent if where.name == RESULTS_FILE else where}:{arm}", tuple(keys), tuple(predicted))
 
     def rates(self, rate: str) -> dict[tuple[str, tuple[str, ...], int], float]:
         return {key: answer_rates(names, key[1])[rate] for key, names in zip(self.keys, self.predicted, strict=True)}
@@ -181,18 +176,8 @@ def _split_spec(spec: str) -> tuple[Path, str | None]:
         head, _, arm = spec.rpartition(":")
         path = Path(head)
     if path.is_dir():
-        path = path / "results.json"
+        path = path / RESULTS_FILE
     if not path.is_file():
         raise ResultsError(f"{spec}: no results file (give RESULTS:ARM, RESULTS a results.json or the directory "
                            f"`tooltrie eval -o` wrote)")
     return path, arm or None
-
-
-def _read_results(path: Path) -> dict[str, Any]:
-    try:
-        results = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ResultsError(f"{path}: not readable as JSON ({exc})") from None
-    if not isinstance(results, dict) or results.get("format") != "tooltrie-eval":
-        raise ResultsError(f"{path}: not the results of `tooltrie eval` (no \"format\": \"tooltrie-eval\")")
-    return results

@@ -3,6 +3,7 @@ naming files relative to the folder the command ran in, so that a result reads t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -23,6 +24,44 @@ def write_text(path: str | Path, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+JSON_WIDTH = 120  # a container whose one-line form fits in this many characters stays on one line
+
+
+def json_text(value: Any) -> str:
+    """``value`` as JSON for a file people read and diff: a container on one line when it holds no other container
+    or fits in ``JSON_WIDTH`` characters, otherwise one item a line (indented by one space). A bench result stays a
+    few hundred lines where ``indent=2`` made thousands (one per number).
+
+    >>> print(json_text({"cores": 2, "load": [1.5, 2.0], "rows": [{"n": 1, "x": [1]}] * 2}), end="")
+    {"cores": 2, "load": [1.5, 2.0], "rows": [{"n": 1, "x": [1]}, {"n": 1, "x": [1]}]}
+    >>> print(json_text({"rows": [{"name": "a" * 50, "x": [1]}] * 2, "k": [1, 2]}), end="")
+    {
+     "rows": [
+      {"name": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "x": [1]},
+      {"name": "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa", "x": [1]}
+     ],
+     "k": [1, 2]
+    }
+    """
+    return _json_lines(value, level=0, lead=0) + "\n"
+
+
+def _json_lines(value: Any, *, level: int, lead: int) -> str:
+    one_line = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    if not isinstance(value, dict | list) or not value:
+        return one_line
+    items = list(value.values() if isinstance(value, dict) else value)
+    if lead + len(one_line) <= JSON_WIDTH or not any(isinstance(item, dict | list) for item in items):
+        return one_line
+    pad = " " * (level + 1)
+    names = [json.dumps(key, ensure_ascii=False) + ": " for key in value] if isinstance(value, dict) else None
+    keys = names or [""] * len(items)
+    lines = [pad + key + _json_lines(item, level=level + 1, lead=len(pad) + len(key))
+             for key, item in zip(keys, items, strict=True)]
+    opening, closing = "{}" if isinstance(value, dict) else "[]"
+    return opening + "\n" + ",\n".join(lines) + "\n" + " " * level + closing
 
 
 def relative_paths(value: Any, *, root: str | Path | None = None) -> Any:

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from tooltrie.eval.backends import Arm, EvalSetup, Prediction, make_arm
 from tooltrie.eval.datasets import LabelledQuery
+from tooltrie.eval.results import FORMAT, VERSION
 from tooltrie.eval.scoring import Outcome, score, summarize
 from tooltrie.kernels.matcher import TrieMatcher
 
@@ -87,8 +88,8 @@ def _results_object(queries: Sequence[LabelledQuery], results: dict[str, ArmResu
     ks = sorted({q.k for q in queries})
     artifact = setup.artifact
     return {
-        "format": "tooltrie-eval",
-        "version": 1,
+        "format": FORMAT,
+        "version": VERSION,
         "settings": {
             **meta,
             "queries": len(queries),

@@ -1,22 +1,22 @@
 """Writing an evaluation: the JSON results, a Markdown report and PNG plots, next to each other.
 
-``write_results(results, out_dir)`` writes ``results.json``, ``report.md``, ``accuracy.png`` (exact-set accuracy,
-top-1, validity, hallucinated and repeat rates per arm) and ``latency.png`` (median and p90 ms per answer per arm).
-The report pairs each arm with the retrieval arm, where one ran (``tooltrie.eval.compare``). Every file is written
-atomically.
+``write_results(results, out_dir)`` writes ``results.json`` and ``answers.jsonl`` (``tooltrie.eval.results``),
+``report.md``, ``accuracy.png`` (exact-set accuracy, top-1, validity, hallucinated and repeat rates per arm) and
+``latency.png`` (median and p90 ms per answer per arm). The report pairs each arm with the retrieval arm, where one
+ran (``tooltrie.eval.compare``). Every file is written atomically.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from tooltrie.errors import TooltrieError
-from tooltrie.eval.files import make_readable, relative_paths
+from tooltrie.eval.files import make_readable
 from tooltrie.eval.files import write_text as _write_text
+from tooltrie.eval.results import RESULTS_FILE, write_results_files
 
 TABLE_COLUMNS = (  # (key in a summary, column title, format)
     ("answers", "answers", "{:d}"),
@@ -40,8 +40,7 @@ def write_results(results: dict[str, Any], out_dir: str | Path, *, plots: bool =
     """Write the results, the report and (unless ``plots=False``) the plots into ``out_dir``; returns the paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"results": out / "results.json", "report": out / "report.md"}
-    _write_text(paths["results"], json.dumps(relative_paths(results), indent=1, ensure_ascii=False) + "\n")
+    paths = {**write_results_files(results, out), "report": out / "report.md"}
     if plots:
         paths["accuracy"] = out / "accuracy.png"
         paths["latency"] = out / "latency.png"
@@ -103,7 +102,7 @@ def _against_retrieval(results: dict[str, Any]) -> list[str]:
         return []
     lines = ["| arm | exact-set | retrieval | difference (95 % interval) | arm better | retrieval better | p |",
              "|---|---:|---:|---|---:|---:|---:|"]
-    where = Path("results.json")
+    where = Path(RESULTS_FILE)
     retrieval = ArmAnswers.of(results, "retrieval", where=where)
     for arm in arms:
         if arm != "retrieval":

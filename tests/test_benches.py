@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tooltrie.eval.results import read_results
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 TOOLTRIE_ARMS = ("tooltrie cpu", "cpu twin, no-repeat on", "cpu twin, no-repeat off", "cpu twin, no-repeat on (A/A)")
 
@@ -101,7 +103,7 @@ def test_bfcl_equivalents_judge_test_answers_and_rescore_as_the_harness_does(mon
         assert item["answered"] in names and item["answered"] not in item["gold"], item
         assert item["equivalent_to"] is None or item["equivalent_to"] in item["gold"], item
     # As labelled, the rescoring equals the harness's own scores; counting equivalents never lowers them.
-    results = json.loads((BENCH / "results/eval/bfcl-serve-train/results.json").read_text(encoding="utf-8"))
+    results = read_results(BENCH / "results/eval/bfcl-serve-train/results.json")
     summary = module.summarize(results, module.load_judgments())
     for arm, row in summary.items():
         for metric in module.METRICS:

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from tooltrie.cli import main
 from tooltrie.compiler import Contract
-from tooltrie.eval.compare import ArmAnswers, ResultsError, bootstrap_interval, compare, sign_test
+from tooltrie.eval.compare import ArmAnswers, bootstrap_interval, compare, sign_test
 from tooltrie.eval.report import markdown
+from tooltrie.eval.results import ResultsError, write_results_files
 from tooltrie.eval.scoring import score, summarize
 
 TOOLS = ["a", "b", "c", "d", "e"]
@@ -27,8 +28,7 @@ TOOLS = ["a", "b", "c", "d", "e"]
 def results_file(path: Path, answers: list[dict[str, Any]]) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     arms = sorted({key for answer in answers for key in answer} - {"query", "gold", "where"})
-    (path / "results.json").write_text(json.dumps({"format": "tooltrie-eval", "version": 1,
-                                                   "arms": {arm: {} for arm in arms}, "answers": answers}))
+    write_results_files({"format": "tooltrie-eval", "arms": {arm: {} for arm in arms}, "answers": answers}, path)
     return path
 
 

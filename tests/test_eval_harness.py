@@ -20,6 +20,7 @@ from tooltrie.eval.backends import EvalSetup, XGrammarArm
 from tooltrie.eval.datasets import load_split
 from tooltrie.eval.harness import evaluate
 from tooltrie.eval.report import write_results
+from tooltrie.eval.results import read_results
 from tooltrie.kernels import TrieMatcher
 from tooltrie.serve.prompt import Prompt
 
@@ -82,7 +83,8 @@ def test_xgrammar_arm_gets_the_exactly_k_ebnf_and_lets_repeats_through(setup: Ev
 
 def test_report_files_are_written_side_by_side(results: dict[str, Any], tmp_path: Path) -> None:
     paths = write_results(results, tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["accuracy.png", "latency.png", "report.md", "results.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["accuracy.png", "answers.jsonl", "latency.png", "report.md",
+                                                            "results.json"]
     assert json.loads(paths["results"].read_text(encoding="utf-8"))["arms"].keys() == results["arms"].keys()
     for png in ("accuracy", "latency"):
         assert paths[png].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -108,7 +110,7 @@ def test_cli_eval_with_a_model_directory(tmp_path: Path, monkeypatch: pytest.Mon
     assert code == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["arm"] for line in lines] == ["engine", "unconstrained"] and lines[0]["valid"] == 1.0
-    results = json.loads((tmp_path / "out" / "results.json").read_text(encoding="utf-8"))
+    results = read_results(tmp_path / "out" / "results.json")
     assert results["settings"]["prompt_style"] == "short" and results["settings"]["split"] == "all"
     assert (tmp_path / "out" / "report.md").is_file() and not (tmp_path / "out" / "accuracy.png").exists()
 

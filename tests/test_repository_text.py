@@ -10,7 +10,6 @@ Third-party data (tokenizers, labelled query sets, the BFCL registry, licences) 
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -115,13 +114,14 @@ def test_benchmark_results_name_repository_files_relative(tmp_path: Path, monkey
 def test_evaluation_results_name_files_relative_to_where_they_ran(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from tooltrie.eval.report import write_results
+    from tooltrie.eval.results import read_results
 
-    results = json.loads((REPO / "bench/results/eval/tuned-single/results.json").read_text(encoding="utf-8"))
+    results = read_results(REPO / "bench/results/eval/tuned-single/results.json")
     results["settings"]["adapter"] = str(REPO / "serve" / "default_adapter")
     results["answers"] = [{"query": "q", "gold": ["WeatherTool"], "where": f"{REPO}/eval/data/q.jsonl:7"}]
     monkeypatch.chdir(REPO)
-    written = write_results(results, tmp_path / "eval", plots=False)["results"]
-    assert not findings(written), findings(written)
-    again = json.loads(written.read_text(encoding="utf-8"))
+    written = write_results(results, tmp_path / "eval", plots=False)
+    assert not findings(written["results"]) and not findings(written["answers"])
+    again = read_results(written["results"])
     assert again["settings"]["adapter"] == "serve/default_adapter"
     assert again["answers"][0]["where"] == "eval/data/q.jsonl:7"
