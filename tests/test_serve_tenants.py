@@ -26,10 +26,8 @@ vocabulary (its choices are arbitrary, so only the policy keeps them inside). No
 from __future__ import annotations
 
 import asyncio
-import doctest
 import hashlib
 import hmac
-import importlib
 import logging
 import re
 from collections.abc import Iterator
@@ -526,10 +524,3 @@ def test_readme_policy_example_loads_and_fits_the_catalog() -> None:
     with pytest.raises(InvalidRequestError) as refused:
         acme.narrow(allow=("JobTool",), deny=())
     assert f'"message":"{refused.value}"' in readme  # the refusal the README shows is the one the server gives
-
-
-@pytest.mark.parametrize("name", ["tooltrie.serve.policy", "tooltrie.serve.access", "tooltrie.serve.prefilter"])
-def test_doctests(name: str) -> None:
-    """Their doctests (``serve/`` is not among pytest's doctest paths)."""
-    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0
