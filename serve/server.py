@@ -336,7 +336,7 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     None for the default). ``policy``: the tenants' file (None: open, on loopback only); ``prefilter``: the top N by
     retrieval per registry name (None as the name: every registry), each also the most a request may ask for;
     ``dtype``: a ``serve.model.DTYPE_NAMES`` entry; ``ranker`` and ``fused_weights``: what answers rank by unless a
-    request says (``tooltrie/ranker.py``; weights None: ``serve.model.fused_weights`` per registry). ``train``: each
+    request says (``tooltrie/ranker.py``; weights None: ``ranker_policy.fused_weights`` per registry). ``train``: each
     registry gets its own adapter, from the adapter cache or trained in the background (``serve/training.py``),
     over the base model (the model's own adapter, if any, answers the others meanwhile)."""
     import uvicorn

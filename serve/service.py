@@ -34,6 +34,7 @@ from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
 from tooltrie.compiler.sources import artifact_from
 from tooltrie.errors import DecodeError, RegistryError, TooltrieError
 from tooltrie.ranker import RankerError, Weights, check_ranker, ranker_for
+from tooltrie.ranker_policy import auto_ranker, fused_weights
 from tooltrie.registry import Registry, make_registry
 from tooltrie.retrieval import MINILM_REQUIREMENT, locate_minilm
 from tooltrie.serve.access import ToolView
@@ -53,7 +54,7 @@ from tooltrie.serve.errors import (
 )
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.metrics import ServeMetrics
-from tooltrie.serve.model import auto_ranker, fused_weights, training_mismatch
+from tooltrie.serve.model import training_mismatch
 from tooltrie.serve.policy import Policy, PolicyError, Tenant
 from tooltrie.serve.prefilter import Prefilter, PrefilterError
 from tooltrie.serve.prompt import Prompt
@@ -177,8 +178,8 @@ class DiscoveryService:
                  fused: Weights | None = None, retrieval: bool | None = None,
                  base_adapter: AdapterRecord | None = None, trainer: AdapterTrainer | None = None) -> None:
         """``ranker``: what answers rank by unless a request says (``tooltrie/ranker.py``; ``auto``: per registry,
-        ``serve.model.auto_ranker``); ``fused``: the fused ranker's weights (None: per registry,
-        ``serve.model.fused_weights``); ``retrieval``: whether all-MiniLM-L6-v2 is there for the prior (None: look).
+        ``ranker_policy.auto_ranker``); ``fused``: the fused ranker's weights (None: per registry,
+        ``ranker_policy.fused_weights``); ``retrieval``: whether all-MiniLM-L6-v2 is there for the prior (None: look).
 
         Adapters: ``base_adapter`` is the one merged into ``model`` (``ModelInfo.adapter``), which rankers are chosen
         by where a registry has none of its own. With a ``trainer``, each registry gets its own, trained on ``model``

@@ -14,6 +14,7 @@ import pytest
 import torch
 from support.serve import SMALL_NAMES, small_artifact, tiny_model
 
+import tooltrie.serve.gguf as gguf_mod
 import tooltrie.serve.model as model_mod
 from tooltrie.cli import main
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
@@ -28,13 +29,8 @@ from tooltrie.serve.adapter import (
     read_adapter,
     write_adapter,
 )
-from tooltrie.serve.model import (
-    DEFAULT_MODEL_NAME,
-    bundled_adapter,
-    load_model,
-    model_fingerprint,
-    training_mismatch,
-)
+from tooltrie.serve.model import DEFAULT_MODEL_NAME, bundled_adapter, load_model, training_mismatch
+from tooltrie.serve.weights import model_fingerprint
 from tooltrie.testing import tiny_llama
 from tooltrie.train.lora import attach_lora, lora_tensors
 from tooltrie.train.settings import LoraSettings
@@ -222,8 +218,8 @@ def fake_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     gguf = tmp_path / "pkg" / "SmolLM2-135M-Instruct.Q4_1.gguf"
     gguf.parent.mkdir()
     gguf.write_bytes(b"GGUF" + bytes(60))
-    monkeypatch.setattr(model_mod, "locate_default_gguf", lambda: gguf)
-    monkeypatch.setattr(model_mod, "load_gguf", lambda path: tiny_llama())
+    monkeypatch.setattr(gguf_mod, "locate_default_gguf", lambda: gguf)
+    monkeypatch.setattr(gguf_mod, "load_gguf", lambda path: tiny_llama())
     place = tmp_path / "default_adapter"
     place.mkdir()
     monkeypatch.setattr(model_mod, "DEFAULT_ADAPTER_DIR", place)

@@ -19,13 +19,12 @@ import pytest
 
 from tooltrie.compiler import TokenizerInfo, compile_registry
 from tooltrie.ranker import MODEL_ONLY, UNTRAINED, Weights
+from tooltrie.ranker_policy import auto_ranker, fused_weights
 from tooltrie.registry import CATALOG_PATH, load_registry, make_registry
 from tooltrie.serve.engine import Engine, Request
 from tooltrie.serve.model import (
     DEFAULT_ADAPTER_DIR,
-    auto_ranker,
     bundled_adapter,
-    fused_weights,
     load_model,
     serving_dtype,
     training_mismatch,

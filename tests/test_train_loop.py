@@ -20,7 +20,7 @@ from tooltrie.cli import main
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
 from tooltrie.registry import make_registry
 from tooltrie.serve.adapter import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, read_adapter
-from tooltrie.serve.model import model_fingerprint
+from tooltrie.serve.weights import model_fingerprint
 from tooltrie.train import trainer
 from tooltrie.train.batches import make_batch
 from tooltrie.train.data import TrainingData, TrainingDataError, load_training_data

@@ -154,8 +154,8 @@ def test_an_adapter_trained_through_the_prior_ranks_through_it(data: TrainingDat
                                                                tmp_path: Any) -> None:
     """Its record says to rank its registry's answers fused, at the weight it was trained through."""
     from tooltrie.ranker import Weights
+    from tooltrie.ranker_policy import auto_ranker, fused_weights
     from tooltrie.serve.adapter import read_adapter
-    from tooltrie.serve.model import auto_ranker, fused_weights
 
     artifact = small_artifact(smollm)
     primed = with_priors(data, artifact, _similarities(data, artifact, 0), 3.0)

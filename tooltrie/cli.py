@@ -169,10 +169,11 @@ def _ask(args: argparse.Namespace) -> int:
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.compiler.sources import artifact_from, registry_of
     from tooltrie.ranker import ranker_for
+    from tooltrie.ranker_policy import auto_ranker, fused_weights
     from tooltrie.registry import CATALOG_PATH
     from tooltrie.retrieval import locate_minilm
     from tooltrie.serve.engine import Engine, Request, response
-    from tooltrie.serve.model import auto_ranker, fused_weights, load_model, serving_dtype, training_mismatch
+    from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
     # The answer is the output: no weight-loading progress bars around it.

@@ -65,10 +65,10 @@ def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str,
 
     ``base_name`` is what the adapter records as its base: the default model's name, or the base's directory.
     The log (JSON lines) goes to ``log_path``, by default ``<output>.log.jsonl`` beside the adapter. ``ranker``: what
-    the record says about ranking with this adapter (``serve.model.auto_ranker``, ``fused_weights``); by default,
+    the record says about ranking with this adapter (``tooltrie.ranker_policy``); by default,
     for an adapter trained through the prior (``settings.prior_weight``), the fused ranker at that weight.
     """
-    from tooltrie.serve.model import model_fingerprint
+    from tooltrie.serve.weights import model_fingerprint
 
     settings = settings or TrainSettings()
     if partners is not None and settings.sampling != "balanced":

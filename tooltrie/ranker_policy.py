@@ -1,0 +1,59 @@
+"""Which ranker ``--ranker auto`` picks, and the fused ranker's weights, for a model and a registry.
+
+What a model's adapter was measured to rank best with holds on the registry it was trained on only: its record
+(``ranker`` in ``tooltrie.json``, ``tooltrie.serve.adapter``) is read there; anywhere else the model does not know
+the tools, and the retrieval prior leads (``UNTRAINED``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tooltrie.compiler import provenance
+from tooltrie.ranker import MODEL_ONLY, UNTRAINED, Weights
+
+if TYPE_CHECKING:
+    from tooltrie.compiler.artifact import Artifact
+
+__all__ = ["TrainedAdapter", "auto_ranker", "fused_weights"]
+
+
+class TrainedAdapter(provenance.MadeFor, Protocol):
+    """What the policy reads of an adapter (``serve.adapter.AdapterRecord``): what it was trained on, and its
+    record."""
+
+    @property
+    def record(self) -> Mapping[str, Any]: ...
+
+
+def auto_ranker(adapter: TrainedAdapter | None, artifact: Artifact, *, retrieval: bool) -> str:
+    """What ``--ranker auto`` ranks ``artifact``'s answers by, for a model with ``adapter``. On the registry the
+    adapter was trained on: what its record chose on its validation split (``ranker.auto``; the model alone when it
+    does not say). Elsewhere the fused ranker. Never a ranker that needs retrieval where it is not installed
+    (``retrieval``)."""
+    if not retrieval:
+        return "model"
+    measured = _measured(adapter, artifact)
+    return "fused" if measured is None else str(measured.get("auto", "model"))
+
+
+def fused_weights(adapter: TrainedAdapter | None, artifact: Artifact) -> Weights:
+    """The fused ranker's weights for a model with ``adapter`` on ``artifact``. On the registry the adapter was
+    trained on: the adapter's own (``ranker.fused`` in its record, chosen on its validation split), else the model
+    alone (nothing measured says retrieval helps it there). Anywhere else ``UNTRAINED``: a model that does not know
+    the tools lets the retrieval prior lead."""
+    measured = _measured(adapter, artifact)
+    if measured is None:
+        return UNTRAINED
+    own = measured.get("fused")
+    return MODEL_ONLY if own is None else Weights(model=float(own["model"]), retrieval=float(own["retrieval"]))
+
+
+def _measured(adapter: TrainedAdapter | None, artifact: Artifact) -> Mapping[str, Any] | None:
+    """The adapter record's ``ranker`` entry when the adapter was trained for ``artifact`` (empty when it has
+    none), else None."""
+    if adapter is None or provenance.differences(adapter, artifact, made="trained on"):
+        return None
+    measured: Mapping[str, Any] = adapter.record.get("ranker", {})
+    return measured
