@@ -22,6 +22,11 @@ from tooltrie.kernels.cpu import LegalLogits
 from tooltrie.kernels.state import check_k
 
 EXTRA_ARGS_KEY = "tooltrie"
+# The flat form, for callers that cannot nest: vLLM's OpenAI server passes ``vllm_xargs`` (str, int, float or lists of
+# them, no dicts) into ``extra_args`` as they are.
+FLAT_ARTIFACT_KEY = "tooltrie_artifact"
+FLAT_K_KEY = "tooltrie_k"
+FLAT_PREFIX = "tooltrie_"  # any other key with it is a typo, refused rather than silently unconstrained
 
 
 @dataclass(frozen=True)
@@ -31,24 +36,50 @@ class RequestArgs:
     thinking_budget: bool = False  # vLLM forces the end of its thinking: it writes into the logits after us
 
 
-def request_args(artifact_path: str | os.PathLike[str], k: int) -> dict[str, Any]:
-    """``SamplingParams.extra_args`` that ask for an answer of exactly ``k`` tools under the artifact at the path."""
+def request_args(artifact_path: str | os.PathLike[str], k: int, *, flat: bool = False) -> dict[str, Any]:
+    """``SamplingParams.extra_args`` that ask for an answer of exactly ``k`` tools under the artifact at the path;
+    ``flat``: as two top-level keys, the form vLLM's OpenAI server can carry in a request's ``vllm_xargs``.
+
+    >>> request_args("catalog.trie.safetensors", 2)
+    {'tooltrie': {'artifact': 'catalog.trie.safetensors', 'k': 2}}
+    >>> request_args("catalog.trie.safetensors", 2, flat=True)
+    {'tooltrie_artifact': 'catalog.trie.safetensors', 'tooltrie_k': 2}
+    """
+    if flat:
+        return {FLAT_ARTIFACT_KEY: os.fspath(artifact_path), FLAT_K_KEY: int(k)}
     return {EXTRA_ARGS_KEY: {"artifact": os.fspath(artifact_path), "k": int(k)}}
 
 
 def parse_request_args(params: Any) -> RequestArgs | None:
-    """The request's tooltrie arguments, or None if it did not ask for the constraint; ``ValueError`` (which vLLM
-    turns into a refused request) when they are malformed or do not fit the artifact."""
+    """The request's tooltrie arguments, nested (``{"tooltrie": {"artifact", "k"}}``) or flat (``tooltrie_artifact``
+    and ``tooltrie_k``), or None if it did not ask for the constraint; ``ValueError`` (which vLLM turns into a refused
+    request) when they are malformed or do not fit the artifact."""
     extra = params.extra_args or {}
-    if EXTRA_ARGS_KEY not in extra:
+    flat_keys = sorted(key for key in extra if isinstance(key, str) and key.startswith(FLAT_PREFIX))
+    if EXTRA_ARGS_KEY in extra:
+        if flat_keys:
+            raise ValueError(f"extra_args: give either {EXTRA_ARGS_KEY!r} or {FLAT_ARTIFACT_KEY!r} and "
+                             f"{FLAT_K_KEY!r}, not both (got {EXTRA_ARGS_KEY!r} and {', '.join(flat_keys)})")
+        where, args = f"extra_args[{EXTRA_ARGS_KEY!r}]", extra[EXTRA_ARGS_KEY]
+        form = "{'artifact': path, 'k': int}"
+        if not isinstance(args, dict):
+            raise ValueError(f"{where} must be {form}, got {args!r}")
+        artifact, k = args.get("artifact"), args.get("k")
+    elif flat_keys:
+        unknown = [key for key in flat_keys if key not in (FLAT_ARTIFACT_KEY, FLAT_K_KEY)]
+        if unknown:
+            raise ValueError(f"extra_args: unknown key {unknown[0]!r} (the flat form is {FLAT_ARTIFACT_KEY!r} and "
+                             f"{FLAT_K_KEY!r})")
+        where, form = "extra_args", f"{{{FLAT_ARTIFACT_KEY!r}: path, {FLAT_K_KEY!r}: int}}"
+        args = {key: extra[key] for key in flat_keys}
+        artifact, k = extra.get(FLAT_ARTIFACT_KEY), extra.get(FLAT_K_KEY)
+    else:
         return None
-    args = extra[EXTRA_ARGS_KEY]
-    if not isinstance(args, dict) or not isinstance(args.get("artifact"), str) or type(args.get("k")) is not int:
-        raise ValueError(f"extra_args[{EXTRA_ARGS_KEY!r}] must be {{'artifact': path, 'k': int}}, got {args!r}")
-    artifact = load_artifact(args["artifact"])
-    check_k(args["k"], artifact.trie.n_tools, where=f"extra_args[{EXTRA_ARGS_KEY!r}]")
-    return RequestArgs(artifact=args["artifact"], k=args["k"],
-                       thinking_budget=getattr(params, "thinking_token_budget", None) is not None)
+    if not isinstance(artifact, str) or type(k) is not int:
+        raise ValueError(f"{where} must be {form}, got {args!r}")
+    check_k(k, load_artifact(artifact).trie.n_tools, where=where)
+    budgeted = getattr(params, "thinking_token_budget", None) is not None
+    return RequestArgs(artifact=artifact, k=k, thinking_budget=budgeted)
 
 
 @functools.lru_cache(maxsize=8)
