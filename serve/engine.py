@@ -393,9 +393,7 @@ class Engine:
         if not deciding:
             return
         hidden = torch.stack([row.hidden for row in deciding])  # type: ignore[misc]  # each after a forward pass
-        if self.backend != "cuda" or not self.head.is_cuda:
-            hidden = hidden.float().cpu()
-        choice = self.batch.choose_sparse(hidden.to(self._head.dtype) if self.head.is_cuda else hidden, self._head,
+        choice = self.batch.choose_sparse(_decision_hidden(hidden, self._head), self._head,
                                           [row.cache_slot for row in deciding])
         self.batch.fetch()  # the rows' statuses, once for the batch (a device backend copies them back)
         for i, row in enumerate(deciding):
@@ -475,6 +473,15 @@ def _decision_head(head: torch.Tensor, backend: str) -> Any:
     from tooltrie.kernels.cpu import as_numpy_scores
 
     return as_numpy_scores(head)
+
+
+def _decision_hidden(hidden: torch.Tensor, head: Any) -> torch.Tensor:
+    """The hidden states as the backend multiplies them by ``head`` (``_decision_head``'s): where the head is a
+    tensor (the CUDA kernels), on its device in its dtype; where it is a NumPy array (the CPU walks, also for a model
+    on a GPU), float32 on the CPU."""
+    if isinstance(head, torch.Tensor):
+        return hidden.to(device=head.device, dtype=head.dtype)
+    return hidden.float().cpu()
 
 
 def response(answer: Answer, artifact: Artifact) -> dict[str, Any]:

@@ -14,13 +14,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from numba import config, cuda
 from support.serve import small_artifact, tiny_model
 
 from tooltrie.compiler import Artifact, TokenizerInfo
-from tooltrie.serve.engine import Answer, Engine, Request
+from tooltrie.serve.engine import Answer, Engine, Request, _decision_head, _decision_hidden
 
 SMALL_QUERIES = ("What is the weather in Paris?", "hi", "stock price of ACME")
 HAS_CUDA = bool(config.ENABLE_CUDASIM or cuda.is_available())
@@ -90,6 +91,26 @@ def test_a_bfloat16_model_decides_in_float32_on_every_backend(model: Any, smollm
     half = copy.deepcopy(model).to(torch.bfloat16)
     answers = _compare(half, smollm, small_artifact(smollm), _small_requests(), "cpu")
     assert sum(a.decision_points for a in answers) > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_decision_inputs_meet_the_backend_s_head_on_its_device_in_its_dtype(dtype: torch.dtype) -> None:
+    """What each backend multiplies, checked without a GPU: the CPU walks (``cpu``, ``reference``: a NumPy head, also
+    for a model on a GPU) get float32 hidden states on the CPU; the CUDA kernels (a tensor head) get them on the
+    head's device (here the ``meta`` device stands for a GPU) in the head's dtype. A model on a GPU with the ``cpu``
+    or ``reference`` backend once asked the NumPy head for a torch dtype (a TypeError)."""
+    generator = torch.Generator().manual_seed(0)
+    head = torch.randn(50, 16, generator=generator).to(dtype)
+    hidden = torch.randn(3, 16, generator=generator).to(dtype)
+    for backend in ("cpu", "reference"):
+        numpy_head = _decision_head(head, backend)
+        assert isinstance(numpy_head, np.ndarray) and numpy_head.dtype == np.float32
+        placed = _decision_hidden(hidden, numpy_head)
+        assert placed.dtype == torch.float32 and placed.device.type == "cpu"
+        np.testing.assert_array_equal(placed.numpy() @ numpy_head.T, hidden.float().numpy() @ head.float().numpy().T)
+    for tensor_head in (head.float(), head.float().to("meta")):  # ``_decision_head`` on a GPU: float32 or as it was
+        placed = _decision_hidden(hidden, tensor_head)
+        assert (placed.dtype, placed.device) == (tensor_head.dtype, tensor_head.device)
 
 
 @needs_cuda
