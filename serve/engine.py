@@ -43,7 +43,7 @@ from tooltrie.compiler.tokenizer_info import TokenizerInfo
 from tooltrie.errors import DecodeError
 from tooltrie.kernels.batch import TrieBatch
 from tooltrie.kernels.state import DONE, ERROR, check_k, check_subset
-from tooltrie.ranker import MODEL_ONLY, Ranker, RankerError, check_ranker
+from tooltrie.ranker import MODEL_ONLY, Prior, Ranker, RankerError, check_ranker
 from tooltrie.registry.subsets import select_tools
 from tooltrie.serve.adapter import AdapterRecord, low_rank_updates
 from tooltrie.serve.decoder import Prefix, SharedPrefixDecoder
@@ -64,6 +64,8 @@ class Request:
     allow: tuple[str, ...] | None = None  # tool names or tags the answer may use (None: every tool)
     deny: tuple[str, ...] = ()  # tool names or tags it may not use
     ranker: str = "model"  # what the choices rank by: model, retrieval or fused (``tooltrie/ranker.py``)
+    # The ranker's prior for this request, made when it was admitted (``Ranker.row``); None: made at ``submit``.
+    prior: Prior | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -149,7 +151,7 @@ class Engine:
         self.prompt = prompt or Prompt()
         self._prompts: dict[int, tuple[str, str]] = {}  # k -> (prefix text, suffix)
         self._prefixes: dict[str, Prefix] = {}  # prefix text -> its keys and values, computed once
-        self._waiting: deque[tuple[int, Request, frozenset[int] | None]] = deque()  # (ticket, request, allowed)
+        self._waiting: deque[tuple[int, Request, frozenset[int] | None, Prior | None]] = deque()
         self._active: list[tuple[int, _Row]] = []  # (ticket, row)
         self._free_slots = list(range(max_batch - 1, -1, -1))
         self._next_ticket = 0
@@ -202,12 +204,21 @@ class Engine:
                       backend=self.backend, speculate=self.speculate, ranker=self.ranker, adapter=self.adapter)
 
     def submit(self, request: Request) -> int:
-        """Queue a request; it joins the running batch at a later ``step``. Returns its ticket."""
+        """Queue a request; it joins the running batch at a later ``step``. Returns its ticket. Its prior is made
+        here when it comes without one (or with one for another version of the registry), never in a step."""
         allowed = self._check(request, where="request")
         ticket = self._next_ticket
         self._next_ticket += 1
-        self._waiting.append((ticket, request, allowed))
+        self._waiting.append((ticket, request, allowed, self._prior(request)))
         return ticket
+
+    def _prior(self, request: Request) -> Prior | None:
+        if request.ranker == "model" or self.ranker is None:  # ``_check`` refused a ranker the engine cannot give
+            return None
+        prior = request.prior
+        if prior is None or prior.registry_sha256 != self.artifact.registry.sha256:
+            prior = self.ranker.row(request.query, request.ranker)
+        return prior
 
     def cancel(self, ticket: int) -> bool:
         """Drop a request (e.g. its client left): it leaves the queue, or its slot is freed at the next step."""
@@ -266,8 +277,8 @@ class Engine:
         prefix) each admitted ticket feeds in the coming pass. One forced from start to stop is answered here."""
         prompts: dict[int, list[int]] = {}
         while self._waiting and self._free_slots and len(self._active) < self.max_batch:
-            ticket, request, allowed = self._waiting.popleft()
-            row, feed = self._admit(request, allowed)
+            ticket, request, allowed, prior = self._waiting.popleft()
+            row, feed = self._admit(request, allowed, prior)
             if row.finish_reason is not None:  # nothing for the model to decide
                 finished[ticket] = self._finish(row)
             else:
@@ -294,7 +305,8 @@ class Engine:
             self.batch.remove(row.cache_slot)
         self._free_slots.append(row.cache_slot)
 
-    def _admit(self, request: Request, allowed: frozenset[int] | None) -> tuple[_Row, list[int]]:
+    def _admit(self, request: Request, allowed: frozenset[int] | None,
+               prior: Prior | None) -> tuple[_Row, list[int]]:
         """A new request's row (holding a cache slot, on its prefix) and the tokens to feed it first."""
         prefix_text, prefix, suffix = self._prefix(request.k)
         # The prompt is tokenized whole, as the model would see it; the cached prefix serves as far as the two
@@ -304,12 +316,11 @@ class Engine:
         row = _Row(request=request, pending=[], started=time.perf_counter(), prompt_tokens=len(prompt_ids),
                    thinking=request.reasoning, cache_slot=self._free_slots.pop())
         if request.constrained:
-            prior, model_weight = None, 1.0
-            if self.ranker is not None and request.ranker != "model":
-                prior, model_weight, weights = self.ranker.row(request.query, request.ranker)
-                row.ranker = weights.as_dict()
-            self.batch.add(row.cache_slot, request.k, thinking=request.reasoning, subset=allowed, prior=prior,
-                           model_weight=model_weight)
+            if prior is not None:
+                row.ranker = prior.weights.as_dict()
+            self.batch.add(row.cache_slot, request.k, thinking=request.reasoning, subset=allowed,
+                           prior=None if prior is None else prior.scores,
+                           model_weight=1.0 if prior is None else prior.model_weight)
             if not request.reasoning:
                 forced = self.batch.follow_forced([row.cache_slot])[0]
                 self.batch.fetch()

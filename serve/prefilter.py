@@ -22,11 +22,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tooltrie.errors import TooltrieError
 from tooltrie.registry import Registry
 from tooltrie.serve.errors import InvalidRequestError, UnavailableError
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 
 class PrefilterError(TooltrieError, ValueError):
@@ -74,14 +78,22 @@ class Prefilter:
             raise InvalidRequestError(f"prefilter={n} keeps fewer tools than k={k}; an answer needs k distinct tools")
         return n
 
-    def top(self, registry: Registry, query: str, n: int, *, within: frozenset[int]) -> frozenset[int]:
+    def top(self, registry: Registry, query: str, n: int, *, within: frozenset[int],
+            similarity: npt.NDArray[np.float32] | None = None) -> frozenset[int]:
         """The ``n`` tools of ``within`` that rank best for ``query`` (all of ``within`` when it has fewer).
+        ``similarity``: the query's similarity to each tool, when the caller has embedded it already (for the
+        ranker's prior); they rank the tools then, ties to the lower tool id, as the retriever ranks.
 
         Blocking (it may build the ranker, then encodes the query): call it off the event loop. Whatever the
         ranker returns, the result is a subset of ``within``.
         """
         if len(within) <= n:
             return within
+        if similarity is not None:
+            if similarity.shape != (len(registry),):
+                raise ValueError(f"similarity has shape {similarity.shape}; registry {registry.name!r} has "
+                                 f"{len(registry)} tools")
+            return frozenset(sorted(within, key=lambda tool: (-float(similarity[tool]), tool))[:n])
         with self._lock(registry.name):
             ranker = self._ranker(registry)
             try:

@@ -6,9 +6,10 @@ takes one path:
 1. ``admit``: the registry is looked up (among the tenant's, with a policy) and the request checked against it
    (query length, k against the tools) and turned into an engine ``Request``. The tools it may be answered with are
    narrowed here (``access.py``: the tenant's policy, then the request's ``allow``/``deny``; ``prefilter.py``: the
-   top N by retrieval) and handed to the engine as ``Request.allow``, which enforces them in the mask. Everything
-   that can be refused is refused here, before the request reaches a batch, so a bad request never disturbs the
-   others.
+   top N by retrieval) and handed to the engine as ``Request.allow``, which enforces them in the mask. The ranker's
+   prior is made here too (``Ranker.row``, in a thread: the query embedded once, for the pre-filter and the prior
+   alike), so the worker's steps never wait for an embedding. Everything that can be refused is refused here,
+   before the request reaches a batch, so a bad request never disturbs the others.
 2. ``_decode``: a ``Job`` for the worker thread; the caller awaits its future, cancelling the job when the
    server's timeout passes or the client disconnects (its slot is freed at the next step).
 3. the answer is checked against the caller's policy once more, under the registry version that answered (a reload
@@ -33,7 +34,7 @@ from typing import Any
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
 from tooltrie.compiler.sources import artifact_from
 from tooltrie.errors import DecodeError, RegistryError, TooltrieError
-from tooltrie.ranker import RankerError, Weights, check_ranker, ranker_for
+from tooltrie.ranker import Prior, Ranker, RankerError, Weights, check_ranker, ranker_for
 from tooltrie.ranker_policy import auto_ranker, fused_weights
 from tooltrie.registry import Registry, make_registry
 from tooltrie.retrieval import MINILM_REQUIREMENT, locate_minilm
@@ -226,6 +227,8 @@ class DiscoveryService:
                                              self.prompt)
         engines = {name: self._engine(served) for name, served in self._served.items()}
         engines[PROBE_REGISTRY] = self._engine(self._probe)
+        # Each registry's ranker as its engine has it: admission makes the requests' priors with it.
+        self._rankers: dict[str, Ranker | None] = {name: engine.ranker for name, engine in engines.items()}
         self.worker = Worker(engines, queue_limit=self.limits.queue, metrics=self.metrics)
         self._reload_locks: dict[str, asyncio.Lock] = {}
         self._probing: asyncio.Future[dict[str, Any]] | None = None  # the probe decode health checks share
@@ -283,6 +286,13 @@ class DiscoveryService:
         return Engine(self.model, self.tokenizer, served.artifact, max_batch=self.limits.max_batch,
                       prompt=self._prompt(served.adapter),
                       ranker=ranker, adapter=served.adapter)
+
+    def _install(self, served: ServedRegistry, engine: Engine) -> None:
+        """Serve ``served`` with ``engine`` from now on (requests admitted meanwhile with the old version's prior
+        get theirs made again by the new engine)."""
+        self.worker.install(served.name, engine)
+        self._served[served.name] = served
+        self._rankers[served.name] = engine.ranker
 
     def default_ranker(self, served: ServedRegistry) -> str:
         """What a request to ``served`` ranks by when it does not say."""
@@ -420,16 +430,32 @@ class DiscoveryService:
                 raise InvalidRequestError(f"k={k} but only {tools} of registry {served.name!r} may answer this "
                                           "request (policy, allow and deny); an answer needs k distinct ones")
         n = self.prefilter.size(served.name, ask.prefilter, k)
-        if n is not None:
-            within = allowed if allowed is not None else frozenset(range(served.n_tools))
-            allowed = await asyncio.to_thread(self.prefilter.top, registry, query, n, within=within)
-        if allowed is not None and ask.tenant is None and len(allowed) == served.n_tools:
-            allowed = None  # open server, nothing narrowed: no subset for the engine to apply
-        names = None if allowed is None else tuple(registry.tools[i].name for i in sorted(allowed))
         ranker = check_ranker(ask.ranker or self.default_ranker(served), where="ranker")
         if ranker != "model" and not self.retrieval:
             raise UnavailableError(f"the {ranker} ranker needs the retrieval model, which this server does not have")
-        return Admitted(served, Request(query, k, allow=names, ranker=ranker))
+        prior: Prior | None = None
+        if n is not None or ranker != "model":  # blocking (an embedding): in a thread, never in the worker's step
+            within = allowed if allowed is not None else frozenset(range(served.n_tools))
+            allowed, prior = await asyncio.to_thread(self._retrieve, served, self._rankers.get(served.name), query,
+                                                     ranker, n, within)
+        if allowed is not None and ask.tenant is None and len(allowed) == served.n_tools:
+            allowed = None  # open server, nothing narrowed: no subset for the engine to apply
+        names = None if allowed is None else tuple(registry.tools[i].name for i in sorted(allowed))
+        return Admitted(served, Request(query, k, allow=names, ranker=ranker, prior=prior))
+
+    def _retrieve(self, served: ServedRegistry, retriever: Ranker | None, query: str, ranker: str, n: int | None,
+                  within: frozenset[int]) -> tuple[frozenset[int], Prior | None]:
+        """Retrieval's part of admission: (the ``n`` tools of ``within`` a pre-filter keeps, or ``within`` itself
+        without one; the request's prior, made by ``retriever``, the registry's ranker). A request ranked by retrieval
+        or fused embeds its query once: the pre-filter ranks by the similarities its prior is made of (the encoder and
+        tool texts the pre-filter's own retriever uses)."""
+        prior_from = retriever if ranker != "model" else None
+        similarity = None
+        if prior_from is not None and (n is not None or prior_from.weights(ranker).retrieval):
+            similarity = prior_from.similarities([query])[0]
+        kept = within if n is None else self.prefilter.top(served.artifact.registry, query, n, within=within,
+                                                           similarity=similarity)
+        return kept, None if prior_from is None else prior_from.row(query, ranker, similarity=similarity)
 
     def _check_answer(self, tenant: Tenant | None, admitted: Admitted, outcome: Answered) -> None:
         """The mask already kept the answer inside the allowed tools; this checks it again under the registry
@@ -525,8 +551,7 @@ class DiscoveryService:
                 self.metrics.reloads.labels(name, exc.code).inc()
                 raise
             new = self._with_adapter(replace(new, adapter=old.adapter))  # kept while it fits the tools
-            self.worker.install(name, await asyncio.to_thread(self._engine, new))
-            self._served[name] = new
+            self._install(new, await asyncio.to_thread(self._engine, new))
             self.metrics.reloads.labels(name, "ok").inc()
         return {**new.summary(default=name == self.default_registry),
                 "changed": new.artifact.sha256 != old.artifact.sha256,
@@ -565,8 +590,7 @@ class DiscoveryService:
                 self.trainer.request(name, served.artifact)
                 return
             new = replace(served.with_adapter(adapter, self.tokenizer, self._prompt(adapter)), loaded_at=time.time())
-            self.worker.install(name, await asyncio.to_thread(self._engine, new))
-            self._served[name] = new
+            self._install(new, await asyncio.to_thread(self._engine, new))
             self.metrics.adapter_swaps.labels(name).inc()
             logger.info("registry %r now answers with its own adapter %s", name, adapter.path)
 

@@ -8,7 +8,13 @@
   reachable, the prior only tips the model's choices.
 
 >>> ranker = Ranker(load_registry(CATALOG_PATH), fused=Weights(model=1.0, retrieval=20.0))  # doctest: +SKIP
->>> prior, model_weight, used = ranker.row("What will the weather be in Paris?", "fused")  # doctest: +SKIP
+>>> prior = ranker.row("What will the weather be in Paris?", "fused")  # doctest: +SKIP
+>>> prior.scores.shape, prior.model_weight, prior.weights  # doctest: +SKIP
+((47,), 1.0, Weights(model=1.0, retrieval=200.0))
+
+A request's prior is computed once, when it is admitted (the service does it off the event loop and off the engine's
+step; ``Engine.submit`` for a request that comes without one), never inside a decoding step, where an embedding would
+hold up every row of every registry.
 
 The tools' embeddings are computed once per registry version and kept in a file beside the artifact
 (``embeddings_path``), keyed by the registry's sha256 and the encoder.
@@ -17,6 +23,7 @@ The tools' embeddings are computed once per registry version and kept in a file 
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -57,6 +64,18 @@ MODEL_ONLY, RETRIEVAL_ONLY = Weights(1.0, 0.0), Weights(0.0, 1.0)
 UNTRAINED = Weights(model=1.0, retrieval=200.0)
 
 
+@dataclass(frozen=True, eq=False)  # compared by identity: it holds an array
+class Prior:
+    """One request's prior, ready for the decode (``TrieBatch.add``): ``scores`` each tool's prior, already weighted
+    (None: the model alone), ``model_weight`` what the model's scores are multiplied by, ``weights`` what was used, and
+    ``registry_sha256`` the registry version the scores are for (a prior made before a reload is made again)."""
+
+    scores: npt.NDArray[np.float32] | None
+    model_weight: float
+    weights: Weights
+    registry_sha256: str
+
+
 def check_ranker(name: str, *, where: str = "request") -> str:
     if name not in RANKERS:
         raise RankerError(f"{where}: unknown ranker {name!r}; choose one of {', '.join(RANKERS)}")
@@ -70,22 +89,29 @@ class Ranker:
                  encoder: Any = None) -> None:
         self.registry, self.fused, self._encoder = registry, fused, encoder
         self.embeddings_path = None if embeddings_path is None else Path(embeddings_path)
+        self._encoding = threading.Lock()  # requests are ranked on several threads; one encoder pass at a time
+
 
     def weights(self, name: str) -> Weights:
         return {"model": MODEL_ONLY, "retrieval": RETRIEVAL_ONLY, "fused": self.fused}[check_ranker(name)]
 
-    def row(self, query: str, name: str) -> tuple[npt.NDArray[np.float32] | None, float, Weights]:
-        """(each tool's prior, already weighted, or None; the model's weight; the weights used)."""
+    def row(self, query: str, name: str, *, similarity: npt.NDArray[np.float32] | None = None) -> Prior:
+        """The prior of one request asking for ranker ``name``: the one per-request entry point. ``similarity``: the
+        query's ``similarities`` when the caller has them already (a pre-filter ranked by them), so the query is
+        embedded once per request."""
         weights = self.weights(name)
         if weights.retrieval == 0:
-            return None, weights.model, weights
-        similarity = self.similarities([query])[0]
-        return (weights.retrieval * similarity).astype("float32"), weights.model, weights
+            return Prior(None, weights.model, weights, self.registry.sha256)
+        if similarity is None:
+            similarity = self.similarities([query])[0]
+        return Prior((weights.retrieval * similarity).astype("float32"), weights.model, weights, self.registry.sha256)
 
     def similarities(self, queries: list[str]) -> npt.NDArray[np.float32]:
         """[len(queries), tools] cosine similarities of the queries to the tools' texts (``retrieval.tool_text``)."""
-        query_embeddings = self.encoder.encode(queries).numpy()
-        result: npt.NDArray[np.float32] = (query_embeddings @ self.tool_embeddings.T).astype("float32")
+        with self._encoding:  # also makes the lazy encoder and tool embeddings once, whichever thread comes first
+            tools = self.tool_embeddings
+            query_embeddings = self.encoder.encode(queries).numpy()
+        result: npt.NDArray[np.float32] = (query_embeddings @ tools.T).astype("float32")
         return result
 
     @cached_property
@@ -156,4 +182,4 @@ def _write_embeddings(path: Path, embeddings: npt.NDArray[np.float32], registry_
         logging.getLogger(__name__).warning("the tools' embeddings were not cached: %s", exc)
 
 
-__all__ = ["RANKERS", "Ranker", "RankerError", "Weights", "check_ranker", "embeddings_path", "ranker_for"]
+__all__ = ["RANKERS", "Prior", "Ranker", "RankerError", "Weights", "check_ranker", "embeddings_path", "ranker_for"]

@@ -1,0 +1,113 @@
+"""A request's retrieval prior is made when it is admitted, never inside the worker's step: the service embeds each
+query once, off the worker thread, for its pre-filter and its prior alike, and the engine decodes with what it was
+handed (the same answers as an engine making the prior itself). A prior made for another version of the registry is
+made again. A made-up encoder (a fixed random vector per text, ``test_ranker.py``'s) stands in for
+all-MiniLM-L6-v2; the model is the tiny random Llama."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from support.serve import tiny_model
+from support.serve_http import catalog, check_answer, smollm_tokenizer
+
+from tooltrie.ranker import Prior, Ranker, Weights
+from tooltrie.registry import CATALOG_PATH
+from tooltrie.serve import service as service_module
+from tooltrie.serve.engine import Engine, Request
+from tooltrie.serve.prefilter import Prefilter
+from tooltrie.serve.service import DiscoveryRequest, DiscoveryService, ServedRegistry
+
+QUERIES = ("will it rain in Paris tomorrow", "convert dollars to euros", "news about flights", "a recipe for soup")
+WEIGHTS = Weights(model=1.0, retrieval=20.0)
+
+
+class ThreadRecordingEncoder:
+    """A unit vector per text, fixed by its checksum; records which thread encoded each text."""
+
+    def __init__(self) -> None:
+        self.encoded: list[tuple[str, str]] = []  # (thread name, text)
+
+    def encode(self, texts: list[str]) -> torch.Tensor:
+        self.encoded += [(threading.current_thread().name, text) for text in texts]
+        rows = [np.random.default_rng(zlib.crc32(t.encode())).standard_normal(16) for t in texts]
+        return torch.nn.functional.normalize(torch.tensor(np.array(rows), dtype=torch.float32), dim=-1)
+
+
+class NeverAsked:
+    """A pre-filter retriever that must not be used: the prior's similarities rank instead."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def rank_indices(self, query: str, k: int) -> list[int]:
+        self.asked.append(query)
+        return list(range(k))
+
+
+def test_priors_are_made_at_admission_once_per_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    encoder = ThreadRecordingEncoder()
+    monkeypatch.setattr(service_module, "ranker_for",
+                        lambda artifact, source, weights: Ranker(artifact.registry, fused=WEIGHTS, encoder=encoder))
+    retriever = NeverAsked()
+    tokenizer = smollm_tokenizer()
+    served = ServedRegistry.load(CATALOG_PATH, tokenizer, service_module.Prompt(), cache_dir=tmp_path)
+    service = DiscoveryService(tiny_model(), tokenizer, [served], cache_dir=tmp_path, retrieval=True,
+                               prefilter=Prefilter(lambda registry: retriever, limits={"catalog": 47}))
+    asks = [DiscoveryRequest(query, k, ranker=ranker, prefilter=prefilter)
+            for query, k, ranker, prefilter in zip(QUERIES, (1, 2, 3, 2), ("fused", "retrieval", "fused", "fused"),
+                                                   (8, 5, None, None), strict=True)]
+
+    async def answer_all() -> list[dict[str, object]]:
+        return list(await asyncio.gather(*(service.discover(ask) for ask in asks)))
+
+    service.start()
+    try:
+        bodies = asyncio.run(answer_all())
+    finally:
+        service.stop()
+    for ask, body in zip(asks, bodies, strict=True):
+        check_answer(body, catalog(), ask.k)
+    by_query = {query: [thread for thread, text in encoder.encoded if text == query] for query in QUERIES}
+    assert all(len(threads) == 1 for threads in by_query.values()), by_query  # embedded once each
+    assert "tooltrie-worker" not in {thread for threads in by_query.values() for thread in threads}, by_query
+    assert retriever.asked == []  # the pre-filter ranked by the prior's similarities
+
+    # What the engine decodes with the prior it was handed (within the pre-filter's top N by the same similarities)
+    # is what it decodes making the prior itself.
+    ranker = Ranker(served.artifact.registry, fused=WEIGHTS, encoder=ThreadRecordingEncoder())
+    engine = Engine(tiny_model(), tokenizer, served.artifact, ranker=ranker)
+    names = served.artifact.registry.names
+    for ask, body in zip(asks, bodies, strict=True):
+        order = np.argsort(-ranker.similarities([ask.query])[0], kind="stable")
+        allow = tuple(names[i] for i in order[: ask.prefilter or len(names)])
+        expected = engine.run([Request(ask.query, ask.k, ranker=ask.ranker or "model", allow=allow)])[0]
+        assert [tool["name"] for tool in body["tools"]] == [tool.name for tool in expected.tools], ask  # type: ignore[index, union-attr]
+
+
+def test_a_prior_made_for_another_registry_version_is_made_again() -> None:
+    tokenizer = smollm_tokenizer()
+    artifact = ServedRegistry.compile(catalog(), tokenizer, service_module.Prompt()).artifact
+    encoder = ThreadRecordingEncoder()
+    ranker = Ranker(artifact.registry, fused=WEIGHTS, encoder=encoder)
+    engine = Engine(tiny_model(), tokenizer, artifact, ranker=ranker)
+    query = QUERIES[0]
+    fresh = ranker.row(query, "retrieval")
+    assert fresh.scores is not None
+    # Scores that would name the last tool first, for another version of the registry: not used.
+    stale = Prior(-fresh.scores, fresh.model_weight, fresh.weights, registry_sha256="0" * 64)
+    expected = engine.run([Request(query, 2, ranker="retrieval")])[0]
+    encoder.encoded.clear()
+    answer = engine.run([Request(query, 2, ranker="retrieval", prior=stale)])[0]
+    assert [tool.name for tool in answer.tools] == [tool.name for tool in expected.tools]
+    assert [text for _, text in encoder.encoded] == [query]  # made again, once
+    encoder.encoded.clear()
+    handed = engine.run([Request(query, 2, ranker="retrieval", prior=fresh)])[0]
+    assert [tool.name for tool in handed.tools] == [tool.name for tool in expected.tools]
+    assert encoder.encoded == []  # the prior it was handed, used as it is
