@@ -17,13 +17,16 @@ tokens and forced runs take a thread per row; a mask takes a block per row (the 
 sets the legal bits), then one thread per logit writes -inf where a bit is clear.
 
 Inputs come as the model makes them: torch CUDA tensors or CuPy arrays through ``__cuda_array_interface__``,
-zero-copy, launched on torch's current stream; float32/float16 logits as they are, bfloat16 viewed as int16 bits
-(``kernels/walk.py`` orders them exactly, with no conversion pass; a mask writes -inf's bits).
+zero-copy; float32/float16 logits as they are, bfloat16 viewed as int16 bits (``kernels/walk.py`` orders them
+exactly, with no conversion pass; a mask writes -inf's bits). Every launch and copy goes on torch's current stream
+(where torch uses CUDA; else Numba's default stream), so the kernels run in order with the model's work on
+whichever stream that is.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from collections import OrderedDict
 from typing import Any
@@ -313,7 +316,8 @@ class CudaBackend:
                  artifact.registry.name, artifact.trie.device_bytes, placement, layout)
         self._no_hidden = cuda.device_array(0, np.float32)  # 1-D: a dense choice (a launch cannot pass None)
         self._paths: tuple[Any, Any] | None = None
-        self._launches: dict[tuple[str, int, Any, int | None], Any] = {}  # see _launch
+        self._launches: dict[tuple[str, int, Any, int | None], Any] = {}  # see _configured
+        self._streams: dict[int, Any] = {}  # torch stream handle -> Numba's view of it
         self._outputs: dict[tuple[int, int], Outputs] = {}
         self.table: Any = None
         self.counts: Any = None
@@ -325,22 +329,27 @@ class CudaBackend:
 
     def sync(self, state: BatchState, rows: Any) -> None:
         """Copy host rows up; the whole state when its shape changed (grown, wider k, first subset)."""
+        stream = self._stream()
         if (self.table is None or self.table.shape != state.table.shape or self.counts.shape != state.counts.shape
                 or self.ranker.shape != state.ranker.shape):
-            self.table = cuda.to_device(state.table)
-            self.counts, self.allowed = cuda.to_device(state.counts), cuda.to_device(state.allowed)
-            self.ranker = cuda.to_device(state.ranker)
+            self.table = cuda.to_device(state.table, stream=stream)
+            self.counts = cuda.to_device(state.counts, stream=stream)
+            self.allowed = cuda.to_device(state.allowed, stream=stream)
+            self.ranker = cuda.to_device(state.ranker, stream=stream)
             return
         for row in np.asarray(rows).tolist():
-            self.table[row:row + 1].copy_to_device(state.table[row:row + 1])
+            self.table[row:row + 1].copy_to_device(state.table[row:row + 1], stream=stream)
             if state.counts.shape[0]:
-                self.counts[row:row + 1].copy_to_device(state.counts[row:row + 1])
-                self.allowed[row:row + 1].copy_to_device(state.allowed[row:row + 1])
+                self.counts[row:row + 1].copy_to_device(state.counts[row:row + 1], stream=stream)
+                self.allowed[row:row + 1].copy_to_device(state.allowed[row:row + 1], stream=stream)
             if state.ranker.shape[0]:
-                self.ranker[row:row + 1].copy_to_device(state.ranker[row:row + 1])
+                self.ranker[row:row + 1].copy_to_device(state.ranker[row:row + 1], stream=stream)
 
     def fetch(self, state: BatchState) -> None:
-        self.table.copy_to_host(state.table)
+        stream = self._stream()
+        self.table.copy_to_host(state.table, stream=stream)
+        if stream:
+            stream.synchronize()  # the host reads the statuses next
 
     def bitmask(self, shape: tuple[int, int]) -> Any:
         return cuda.device_array(shape, dtype=np.int32)
@@ -358,24 +367,25 @@ class CudaBackend:
     # -- the operations ------------------------------------------------------------------------------------------
 
     def accept(self, state: BatchState, rows: Any, tokens: Any, n_tokens: Any) -> None:
-        self._launch("accept", _blocks(len(rows)), THREADS_PER_BLOCK, None, *self._trie_args, self.n_tools,
-                     self.eos_id, self.reasoning_end_id, self.table, self.counts, self.allowed, _device(rows),
-                     _device(tokens), _device(n_tokens))
+        self._launch("accept", _blocks(len(rows)), THREADS_PER_BLOCK, tokens, *self._trie_args, self.n_tools,
+                     self.eos_id, self.reasoning_end_id, self.table, self.counts, self.allowed, self._device(rows),
+                     self._device(tokens), self._device(n_tokens))
 
     def follow_forced(self, state: BatchState, rows: Any, out: Outputs) -> None:
         self._launch("forced", _blocks(len(rows)), THREADS_PER_BLOCK, None, *self._trie_args, self.n_tools,
-                     self.eos_id, self.table, self.counts, self.allowed, _device(rows), out.forced, out.n_forced)
+                     self.eos_id, self.table, self.counts, self.allowed, self._device(rows), out.forced,
+                     out.n_forced)
 
     def fill_bitmask(self, state: BatchState, rows: Any, bitmask: Any, *, like: Any = None) -> None:
         """``like``: the tensor whose torch stream the launch joins (default: the bitmask's)."""
         if len(rows):
             self._launch("fill", len(rows), WARP, bitmask if like is None else like, *self._trie_args, self.n_tools,
-                         self.eos_id, self.table, self.counts, self.allowed, _device(rows), bitmask)
+                         self.eos_id, self.table, self.counts, self.allowed, self._device(rows), bitmask)
 
     def mask_logits_(self, state: BatchState, rows: Any, logits: Any, bitmask: Any) -> None:
         if not len(rows):
             return
-        device_rows = _device(rows)
+        device_rows = self._device(rows)
         self.fill_bitmask(state, device_rows, bitmask, like=logits)
         bits, minus_inf = _logits_bits(logits)
         # Each thread strides over the columns; the simulator (a Python thread per GPU thread) gets one block a row.
@@ -401,9 +411,9 @@ class CudaBackend:
             return
         grid, block = (len(rows), WARP) if self.layout == "warp" else (_blocks(len(rows)), THREADS_PER_BLOCK)
         self._launch("choose", grid, block, scores, *self._trie_args, self.n_tools, self.eos_id,
-                     self.reasoning_end_id, self.table, self.counts, self.allowed, _device(rows), scores, hidden,
-                     n_cols, *_device_maps(vocab), out.chosen, out.stats, out.decision, out.forced, out.n_forced,
-                     *self._ranked())
+                     self.reasoning_end_id, self.table, self.counts, self.allowed, self._device(rows), scores,
+                     hidden, n_cols, *_device_maps(vocab, self._stream(scores)), out.chosen, out.stats, out.decision,
+                     out.forced, out.n_forced, *self._ranked())
 
     def _ranked(self) -> tuple[Any, Any, Any]:
         """The ranker and the trie's per-edge tool lists (``walk.edge_prior``; one-element stand-ins while no row
@@ -411,7 +421,7 @@ class CudaBackend:
         ranked = self.ranker.shape[0] > 0
         if ranked not in self._below:
             start, tools = self.artifact.trie.tools_below() if ranked else walk.no_ranker()[1:]
-            self._below[ranked] = (cuda.to_device(start), cuda.to_device(tools))
+            self._below[ranked] = (self._device(start), self._device(tools))
         return (self.ranker, *self._below[ranked])
 
     def subsets(self, allowed: Any) -> tuple[Any, Any]:
@@ -419,35 +429,54 @@ class CudaBackend:
         rows' edge counts, one thread per (row, tool), from the compiled tool paths."""
         trie = self.artifact.trie
         if self._paths is None:
-            self._paths = (cuda.to_device(trie.tool_path_start), cuda.to_device(trie.tool_path_edges))
-        allowed = _device(np.ascontiguousarray(allowed, dtype=np.uint8)) if isinstance(allowed, np.ndarray) else allowed
+            self._paths = (self._device(trie.tool_path_start), self._device(trie.tool_path_edges))
+        like = allowed
+        allowed = self._device(np.ascontiguousarray(allowed, dtype=np.uint8)) if isinstance(allowed, np.ndarray) \
+            else allowed
         n = allowed.shape[0]
-        rows = cuda.to_device(np.arange(n, dtype=np.int32))
-        counts = cuda.device_array((n, trie.n_edges), np.int32)
+        rows = self._device(np.arange(n, dtype=np.int32))
+        counts = cuda.device_array((n, trie.n_edges), np.int32, stream=self._stream(like))
         threads = (4, 64)
-        _zero_counts[((n + 3) // 4, (trie.n_edges + 63) // 64), threads](counts, rows)
-        _count_subset_paths[((n + 3) // 4, (trie.n_tools + 63) // 64), threads](
-            *self._paths, trie.n_tools, trie.n_tries, allowed, rows, counts)
+        self._configured(_zero_counts, "zero counts", ((n + 3) // 4, (trie.n_edges + 63) // 64), threads, like)(
+            counts, rows)
+        self._configured(_count_subset_paths, "count subsets", ((n + 3) // 4, (trie.n_tools + 63) // 64), threads,
+                         like)(*self._paths, trie.n_tools, trie.n_tries, allowed, rows, counts)
         return counts, allowed
 
     def _launch(self, kernel: str, grid: Any, block: Any, like: Any, *args: Any) -> None:
         self._configured(self.kernels[kernel], kernel, grid, block, like)(*args)
 
     def _configured(self, kernel: Any, name: str, grid: Any, block: Any, like: Any) -> Any:
-        """The kernel configured for this grid, block and torch stream (that of ``like``, a torch CUDA tensor;
-        else the default stream), made once per kind: configuring makes Numba objects (the stream's too) on every
-        launch, and warns about grids under 128 blocks, which one block per row makes this backend's usual case."""
-        stream = _torch_stream_handle(like)
-        key = (name, id(kernel), (grid, block), stream)
+        """The kernel configured for this grid, block and torch's current stream (on ``like``'s device, for a torch
+        CUDA tensor), made once per kind: configuring makes Numba objects on every launch, and warns about grids
+        under 128 blocks, which one block per row makes this backend's usual case."""
+        handle = _torch_stream_handle(like)
+        key = (name, id(kernel), (grid, block), handle)
         launch = self._launches.get(key)
-        if launch is None:
+        if launch is None or config.ENABLE_CUDASIM:  # the simulator's ``kernel[...]`` sets dims on the kernel itself
             if len(self._launches) >= _LAUNCHES_CACHED:
                 self._launches.clear()
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=r".*Grid size \d+ will likely result in GPU under-util")
-                launch = (kernel[grid, block] if stream is None else kernel[grid, block, cuda.external_stream(stream)])
+                launch = kernel[grid, block] if handle is None else kernel[grid, block, self._stream(like)]
             self._launches[key] = launch
         return launch
+
+    def _stream(self, like: Any = None) -> Any:
+        """Torch's current stream (on ``like``'s device, for a torch CUDA tensor) as a Numba stream, made once per
+        handle; 0 (Numba's default stream) where torch does not use CUDA."""
+        handle = _torch_stream_handle(like)
+        if handle is None:
+            return 0
+        if handle not in self._streams:
+            self._streams[handle] = cuda.external_stream(handle)
+        return self._streams[handle]
+
+    def _device(self, array: Any) -> Any:
+        """Host index arrays go up (a few ints) on the launches' stream; device arrays pass as they are."""
+        if isinstance(array, np.ndarray):
+            return cuda.to_device(np.ascontiguousarray(array), stream=self._stream())
+        return array
 
 
 class CudaStepper:
@@ -509,19 +538,15 @@ def _blocks(n: int) -> int:
     return max(1, (n + THREADS_PER_BLOCK - 1) // THREADS_PER_BLOCK)
 
 
-def _device(array: Any) -> Any:
-    """Host index arrays go up (a few ints); device arrays pass as they are."""
-    return cuda.to_device(np.ascontiguousarray(array)) if isinstance(array, np.ndarray) else array
-
-
 _maps_cache: dict[int, tuple[Any, Any, VocabMap]] = {}
 
 
-def _device_maps(vocab: VocabMap) -> tuple[Any, Any]:
-    """Device copies of a vocabulary map, made once per map."""
+def _device_maps(vocab: VocabMap, stream: Any) -> tuple[Any, Any]:
+    """Device copies of a vocabulary map, made once per map (on ``stream``, where the launch that reads them goes)."""
     cached = _maps_cache.get(id(vocab))
     if cached is None or cached[2] is not vocab:
-        cached = (cuda.to_device(vocab.full_to_output), cuda.to_device(vocab.output_to_full), vocab)
+        cached = (cuda.to_device(vocab.full_to_output, stream=stream), cuda.to_device(vocab.output_to_full,
+                                                                                      stream=stream), vocab)
         _maps_cache[id(vocab)] = cached
     return cached[0], cached[1]
 
@@ -549,10 +574,17 @@ def _logits_bits(logits: Any) -> tuple[Any, int]:
     return logits.view(int_type), minus_inf  # CuPy and Numba device arrays view like NumPy
 
 
-def _torch_stream_handle(array: Any) -> int | None:
-    """The handle of torch's current stream on ``array``'s device, when it is a torch CUDA tensor."""
-    if type(array).__module__.startswith("torch") and getattr(array, "is_cuda", False):
-        import torch
+def _torch_stream_handle(like: Any = None) -> int | None:
+    """The handle of torch's current stream, on ``like``'s device for a torch CUDA tensor, else on the current
+    device; None where torch has not started CUDA (nothing of torch's to run in order with)."""
+    device = like.device if type(like).__module__.startswith("torch") and getattr(like, "is_cuda", False) else None
+    return _torch_current_stream(device)
 
-        return int(torch.cuda.current_stream(array.device).cuda_stream)
-    return None
+
+def _torch_current_stream(device: Any = None) -> int | None:
+    """torch's current CUDA stream's handle (None without torch, or before torch has used CUDA). torch is not
+    imported here: a pipeline that uses it has imported it already."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return int(torch.cuda.current_stream(device).cuda_stream)

@@ -7,7 +7,9 @@ so the cases are small: a few slots, a few steps.
 
 from __future__ import annotations
 
+import importlib
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -158,30 +160,22 @@ def test_half_precision_logits(tools_artifact, dtype):
     assert state_dev.status[0] == DONE
 
 
-def _device_libraries() -> list[str]:
-    """The array libraries whose CUDA arrays the kernel must take as they are (real GPU only)."""
-    if config.ENABLE_CUDASIM:
-        return []
-    found = []
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            found.append("torch")
-    except ImportError:
-        pass
-    try:
-        import cupy
-
-        if cupy.is_available():
-            found.append("cupy")
-    except ImportError:
-        pass
-    return found
+def _device_library(name: str) -> Any:
+    """An array library whose CUDA arrays the kernel must take as they are: torch or CuPy, each its own case, skipped
+    with the reason where its arrays cannot be made (the simulator, no such library, no GPU it sees)."""
+    reason = "needs a real GPU (not the simulator)" if config.ENABLE_CUDASIM else None
+    if reason is None:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            reason = f"{name} is not installed"
+        else:
+            if not (module.cuda.is_available() if name == "torch" else module.is_available()):
+                reason = f"{name} sees no GPU"
+    return name if reason is None else pytest.param(name, marks=pytest.mark.skip(reason=reason))
 
 
-@pytest.mark.parametrize("library", _device_libraries() or [
-    pytest.param("none", marks=pytest.mark.skip(reason="needs a real GPU with torch or CuPy (not the simulator)"))])
+@pytest.mark.parametrize("library", [_device_library("torch"), _device_library("cupy")])
 def test_device_arrays_zero_copy(tools_artifact, library):
     """torch CUDA tensors (on torch's current stream, bfloat16 included) and CuPy arrays go in as they are."""
     rng = np.random.default_rng(2)
@@ -282,3 +276,48 @@ def test_cupy_arrays_go_where_torch_tensors_do(tools_artifact):
         np.testing.assert_array_equal(on_gpu.chosen, on_cpu.chosen)
         assert on_gpu.forced == on_cpu.forced
     np.testing.assert_array_equal(batches["cuda"].fetch().table, batches["cpu"].fetch().table)
+
+
+@pytest.mark.skipif(not config.ENABLE_CUDASIM, reason="stands a handle in for torch's stream: the simulator's kernels")
+def test_every_launch_goes_on_torch_s_current_stream(tools_artifact, monkeypatch):
+    """Accepted tokens, forced runs, fill, mask, choose (dense and sparse) and subset counts each launch on torch's
+    current stream, not Numba's default one: the model's work and the kernels then run in order on whichever stream
+    the model is on. torch's stream is a stand-in handle here; each kernel configuration records the stream it got."""
+    from numba.cuda.simulator.kernel import FakeCUDAKernel
+
+    import tooltrie.kernels.cuda as device
+    from tooltrie.kernels.batch import TrieBatch
+
+    class Stream:  # what ``cuda.external_stream`` gives, as far as the backend uses it
+        def __init__(self, handle: int) -> None:
+            self.handle = handle
+
+        def synchronize(self) -> None:
+            pass
+
+    torch_stream = 0x7E57
+    monkeypatch.setattr(device, "_torch_current_stream", lambda device=None: torch_stream)
+    monkeypatch.setattr(device.cuda, "external_stream", Stream)
+    launches: list[tuple[str, int | None]] = []
+    configure = FakeCUDAKernel.__getitem__
+
+    def spy(kernel, configuration):
+        stream = configuration[2] if len(configuration) > 2 else None
+        launches.append((kernel.fn.__name__, getattr(stream, "handle", stream)))
+        return configure(kernel, configuration)
+
+    monkeypatch.setattr(FakeCUDAKernel, "__getitem__", spy)
+    batch = TrieBatch(tools_artifact, backend="cuda", capacity=2)
+    batch.add(0, 2, subset={0, 1, 4})
+    batch.add(1, 1)
+    vocab = tools_artifact.max_token_id + 1
+    batch.accept([[tools_artifact.trie.edge_token[0]], []])
+    batch.follow_forced()
+    batch.fill_bitmask(np.zeros((2, (vocab + 31) // 32), np.int32))
+    batch.mask_logits_(np.zeros((2, vocab), np.float32))
+    batch.choose(np.zeros((2, vocab), np.float32))
+    batch.choose_sparse(np.ones((2, 4), np.float32), np.ones((vocab, 4), np.float32))
+    batch.backend.subsets(np.ones((2, tools_artifact.trie.n_tools), np.uint8))  # a device pipeline's subsets
+    assert {name for name, _ in launches} == {"_zero_counts", "_count_subset_paths", "accept", "forced", "fill",
+                                              "_mask_kernel", "choose"}
+    assert [launch for launch in launches if launch[1] != torch_stream] == []
