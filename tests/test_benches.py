@@ -7,6 +7,7 @@ tokens, and the engine must answer as the full head + mask does."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,19 @@ def test_bfcl_equivalents_judge_test_answers_and_rescore_as_the_harness_does(mon
             assert row["with_equivalents"][metric] >= row["labelled"][metric]
     assert summary["fused"]["unjudged_wrong_names"] == 0
     assert summary["fused"]["with_equivalents"]["exact"] > summary["fused"]["labelled"]["exact"]
+
+
+def test_the_gpu_check_runs_every_test_that_uses_a_gpu():
+    """``bench/gpu_check.sh`` is the one script run where a GPU is lent: its GPU_TESTS hold every test file that
+    looks for a GPU (or the simulator), it is valid bash, its results go to bench/results/gpu/, its budget is 8
+    minutes."""
+    script = (BENCH / "gpu_check.sh").read_text(encoding="utf-8")
+    listed = set(re.findall(r"tests/test_\w+\.py", re.search(r"GPU_TESTS=\(([^)]*)\)", script).group(1)))
+    gpu_words = re.compile(r"ENABLE_CUDASIM|cuda\.is_available\(\)")
+    looks_for_a_gpu = {f"tests/{path.name}" for path in sorted((BENCH.parent / "tests").glob("test_*.py"))
+                       if path.name != Path(__file__).name and gpu_words.search(path.read_text(encoding="utf-8"))}
+    assert looks_for_a_gpu and looks_for_a_gpu <= listed, sorted(looks_for_a_gpu - listed)
+    assert all((BENCH.parent / name).is_file() for name in listed)
+    assert "OUT=${OUT:-bench/results/gpu}" in script and "BUDGET_S=${BUDGET_S:-480}" in script
+    checked = subprocess.run(["bash", "-n", str(BENCH / "gpu_check.sh")], capture_output=True, text=True, check=False)
+    assert checked.returncode == 0, checked.stderr
