@@ -86,6 +86,20 @@ class RequestTimeoutError(ServeError):
     code = "timeout"
 
 
+class UpstreamTimeoutError(RequestTimeoutError):
+    """The vLLM server the endpoint answers through (``serve --vllm-url``) did not answer in time."""
+
+    code = "upstream_timeout"
+
+
+class BadGatewayError(ServeError):
+    """The vLLM server the endpoint answers through cannot be reached, refused the request, or answered something
+    that is not k tools of the registry."""
+
+    status = 502
+    code = "bad_gateway"
+
+
 class ClientGoneError(ServeError):
     """The client disconnected before its answer; the request was cancelled (499: nobody reads the reply)."""
 

@@ -8,7 +8,8 @@ Every refusal is a 4xx whose body says what is wrong, ``{"error": {"code", "mess
 or an unknown API key 401 (with ``WWW-Authenticate: Bearer``), a registry outside the tenant's policy 403, an unknown
 registry 404, a body over the limit 413, wrong types or impossible values (k out of range, an empty or too long
 query, an allow/deny entry that is not a tool or tag the caller may use, k over the allowed tools) 422, a full queue
-429 with ``Retry-After``; no answer in time is 504. The limits are ``ServeLimits``.
+429 with ``Retry-After``; no answer in time is 504. The limits are ``ServeLimits``. A server that answers through
+vLLM (``--vllm-url``) says 502 when vLLM cannot be reached or refuses, 504 when it does not answer in time.
 
 With a policy (``policy.py``) every route but ``OPEN_PATHS`` (health, metrics, API docs: no tool data) needs
 ``Authorization: Bearer <key>``, MCP included; :class:`_Authenticate` resolves the key to its tenant before any
@@ -34,6 +35,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tooltrie.errors import TooltrieError
 from tooltrie.ranker import Weights
 from tooltrie.serve.errors import QueueFullError, ServeError, UnauthorizedError, UnavailableError
 from tooltrie.serve.limits import ServeLimits
@@ -52,7 +54,9 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         403: "a registry outside the tenant's policy", 404: "unknown registry", 413: "body over the size limit",
         422: "wrong types or impossible values (k out of range, empty or too long query, an allow/deny entry that "
              "is not a tool or tag the caller may use, k over the allowed tools)",
-        429: "queue full (see Retry-After)", 504: "no answer within the server's timeout"}.items()}
+        429: "queue full (see Retry-After)",
+        502: "the vLLM server behind the endpoint cannot be reached or refused (serve --vllm-url)",
+        504: "no answer within the server's timeout"}.items()}
 
 
 def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI:
@@ -330,7 +334,8 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
           host: str = "127.0.0.1", port: int = 8000, limits: ServeLimits | None = None,
           log_level: str = "info", policy: Path | None = None, prefilter: dict[str | None, int] | None = None,
           dtype: str = "auto", separator: str | None = None, ranker: str = "auto",
-          fused_weights: Weights | None = None, train: bool = False) -> None:
+          fused_weights: Weights | None = None, train: bool = False, vllm_url: str | None = None,
+          vllm_model: str | None = None, vllm_artifacts: Path | None = None) -> None:
     """``tooltrie serve``: load the model, compile (or take from the cache) each registry, and serve until
     interrupted. ``registries``: registry files or compiled artifacts (``separator``: the contract's for the files,
     None for the default). ``policy``: the tenants' file (None: open, on loopback only); ``prefilter``: the top N by
@@ -338,7 +343,11 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     ``dtype``: a ``serve.model.DTYPE_NAMES`` entry; ``ranker`` and ``fused_weights``: what answers rank by unless a
     request says (``tooltrie/ranker.py``; weights None: ``ranker_policy.fused_weights`` per registry). ``train``: each
     registry gets its own adapter, from the adapter cache or trained in the background (``serve/training.py``),
-    over the base model (the model's own adapter, if any, answers the others meanwhile)."""
+    over the base model (the model's own adapter, if any, answers the others meanwhile).
+
+    ``vllm_url``: answer through the vLLM server there (``vllm_remote.py``) instead of loading the model: ``model``
+    then says which model that server runs (for its tokenizer and prompt style), ``vllm_model`` its name there (None:
+    the only one it lists), ``vllm_artifacts`` the directory the artifacts are written to for it to read."""
     import uvicorn
     from transformers.utils import logging as transformers_logging
 
@@ -349,6 +358,13 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     from tooltrie.serve.training import AdapterTrainer
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    if vllm_url is not None:
+        _serve_through_vllm(registries=registries, model=model, adapter=adapter, tokenizer=tokenizer, host=host,
+                            port=port, limits=limits, log_level=log_level, separator=separator, url=vllm_url,
+                            name=vllm_model, artifact_dir=vllm_artifacts,
+                            refused=[option for option, given in (("--policy", policy), ("--prefilter", prefilter),
+                                                                  ("--train", train)) if given])
+        return
     tenants = Policy.load(policy) if policy is not None else None
     check_open_binding(host, tenants)  # before anything slow: an open server may listen on loopback only
     names = [registry_of(path).name for path in registries]  # a bad registry file is refused before the model loads
@@ -381,3 +397,52 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
               if tenants is not None else "no --policy: OPEN to every client that can reach it, on loopback only")
     print(f"tooltrie serve: {access}; prefilter: {why if rankers is None else 'available'}", file=sys.stderr)
     uvicorn.run(create_app(service, host=host), host=host, port=port, log_level=log_level)
+
+
+def _serve_through_vllm(*, registries: Sequence[Path], model: str | None, adapter: bool, tokenizer: str | None,
+                        host: str, port: int, limits: ServeLimits | None, log_level: str, separator: str | None,
+                        url: str, name: str | None, artifact_dir: Path | None, refused: list[str]) -> None:
+    """``serve`` with the decoding done by the vLLM server at ``url``: no model is loaded here."""
+    import uvicorn
+
+    from tooltrie.compiler import TokenizerInfo
+    from tooltrie.compiler.cache import default_cache_dir
+    from tooltrie.compiler.sources import registry_of
+    from tooltrie.serve.prompt import Prompt
+    from tooltrie.serve.vllm_remote import VllmServer
+
+    if refused:  # each narrows the tools per request or trains here; vLLM's processor takes whole registries
+        raise TooltrieError(f"{', '.join(refused)} cannot be used with --vllm-url: the vLLM processor answers over "
+                         "whole registries, with the model vLLM runs")
+    check_open_binding(host, None)
+    for path in registries:  # a bad registry file is refused before anything else
+        registry_of(path)
+    tokenizer_source, style = _served_text(model, adapter=adapter)
+    limits = limits or ServeLimits()
+    remote = VllmServer(url, artifact_dir or default_cache_dir() / "vllm", model=name, timeout_s=limits.timeout_s,
+                        concurrency=limits.max_batch * (len(registries) + 1))
+    service = DiscoveryService.from_paths(registries, None, TokenizerInfo.load(tokenizer or tokenizer_source),
+                                          prompt=Prompt.style(style), limits=limits, separator=separator,
+                                          remote=remote)
+    served = ", ".join(f"{summary['name']} ({summary['tools']} tools)" for summary in service.registries())
+    print(f"tooltrie serve: {served} through the vLLM server at {remote.base} (artifacts in {remote.artifact_dir}, "
+          f"{style} prompt), on http://{host}:{port} (no --policy: open, on loopback only)", file=sys.stderr)
+    uvicorn.run(create_app(service, host=host), host=host, port=port, log_level=log_level)
+
+
+def _served_text(model: str | None, *, adapter: bool) -> tuple[str | None, str]:
+    """The tokenizer (None: the bundled one) and prompt style of ``model`` as ``load_model`` would load it, read
+    without loading its weights: what a vLLM server running that model is fed."""
+    from tooltrie.serve.adapter import is_adapter_dir, read_adapter
+    from tooltrie.serve.model import DEFAULT_MODEL_NAME, bundled_adapter
+
+    if model is None or (model == DEFAULT_MODEL_NAME and not Path(model).exists()):
+        bundled = bundled_adapter() if adapter else None
+        return None, read_adapter(bundled).prompt_style if bundled is not None else "catalog"
+    path = Path(model)
+    if is_adapter_dir(path):
+        record = read_adapter(path)
+        base = Path(record.base_model)
+        return (str(base) if (base / "tokenizer.json").is_file() else None), (
+            record.prompt_style if adapter else "catalog")
+    return (str(path) if (path / "tokenizer.json").is_file() else None), "catalog"

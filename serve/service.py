@@ -60,6 +60,7 @@ from tooltrie.serve.policy import Policy, PolicyError, Tenant
 from tooltrie.serve.prefilter import Prefilter, PrefilterError
 from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.training import AdapterTrainer
+from tooltrie.serve.vllm_remote import RemoteEngine, VllmServer
 from tooltrie.serve.worker import Answered, Job, Outcome, Worker
 
 logger = logging.getLogger(__name__)
@@ -177,7 +178,8 @@ class DiscoveryService:
                  cache_dir: Path | None = None, policy: Policy | None = None,
                  prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
                  fused: Weights | None = None, retrieval: bool | None = None,
-                 base_adapter: AdapterRecord | None = None, trainer: AdapterTrainer | None = None) -> None:
+                 base_adapter: AdapterRecord | None = None, trainer: AdapterTrainer | None = None,
+                 remote: VllmServer | None = None) -> None:
         """``ranker``: what answers rank by unless a request says (``tooltrie/ranker.py``; ``auto``: per registry,
         ``ranker_policy.auto_ranker``); ``fused``: the fused ranker's weights (None: per registry,
         ``ranker_policy.fused_weights``); ``retrieval``: whether all-MiniLM-L6-v2 is there for the prior (None: look).
@@ -185,10 +187,17 @@ class DiscoveryService:
         Adapters: ``base_adapter`` is the one merged into ``model`` (``ModelInfo.adapter``), which rankers are chosen
         by where a registry has none of its own. With a ``trainer``, each registry gets its own, trained on ``model``
         as it is and added in each pass: from the trainer's cache, else trained in the background
-        (``run_training``) and swapped in when ready."""
+        (``run_training``) and swapped in when ready.
+
+        ``remote``: answer through that vLLM server (``vllm_remote.py``) instead of ``model`` (which may then be
+        None): whole registries, ranked by its model."""
         if not registries:
             raise ValueError("a discovery service needs at least one registry")
-        self.model, self.tokenizer = model, tokenizer
+        if remote is not None:  # vLLM's processor ranks by its model alone
+            if ranker not in ("auto", "model"):
+                raise RankerError(f"--ranker {ranker}: a server that answers through vLLM ranks by the model only")
+            ranker, retrieval = "model", False
+        self.model, self.tokenizer, self.remote = model, tokenizer, remote
         self.prompt = prompt or Prompt()
         self.limits = limits or ServeLimits()
         self.cache_dir = cache_dir
@@ -239,7 +248,7 @@ class DiscoveryService:
                    cache_dir: Path | None = None, policy: Policy | None = None,
                    prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
                    fused: Weights | None = None, base_adapter: AdapterRecord | None = None,
-                   trainer: AdapterTrainer | None = None) -> DiscoveryService:
+                   trainer: AdapterTrainer | None = None, remote: VllmServer | None = None) -> DiscoveryService:
         """Load and compile (or take from the compile cache) each registry file, or load each compiled artifact
         (``separator``: the contract's for the registry files)."""
         prompt = prompt or Prompt()
@@ -247,7 +256,7 @@ class DiscoveryService:
                   for path in paths]
         return cls(model, tokenizer, served, prompt=prompt, limits=limits, cache_dir=cache_dir, policy=policy,
                    prefilter=prefilter, separator=separator, ranker=ranker, fused=fused, base_adapter=base_adapter,
-                   trainer=trainer)
+                   trainer=trainer, remote=remote)
 
     def _with_adapter(self, served: ServedRegistry) -> ServedRegistry:
         """``served`` with the adapter its engine adds: one it has that still fits its tools, else its own from the
@@ -273,9 +282,12 @@ class DiscoveryService:
         """What an engine with ``adapter`` feeds the model: the adapter's prompt style, else the server's prompt."""
         return self.prompt if adapter is None else Prompt.style(adapter.prompt_style)
 
-    def _engine(self, served: ServedRegistry) -> Engine:
+    def _engine(self, served: ServedRegistry) -> Engine | RemoteEngine:
         """The registry's engine, with its retrieval prior when the server has one (the tools embedded now when
-        answers rank by it by default, else on the first request that asks)."""
+        answers rank by it by default, else on the first request that asks); with ``remote``, its stand-in."""
+        if self.remote is not None:
+            return RemoteEngine(self.remote, self.tokenizer, served.artifact, prompt=self._prompt(served.adapter),
+                                max_batch=self.limits.max_batch)
         if self.context_tokens is not None and served.prompt_tokens >= self.context_tokens:
             logger.warning("registry %r's prompt takes %d tokens of the model's %d: its requests will be refused",
                            served.name, served.prompt_tokens, self.context_tokens)
@@ -305,6 +317,8 @@ class DiscoveryService:
 
     def stop(self) -> None:
         self.worker.stop()
+        if self.remote is not None:
+            self.remote.close()
 
     # -- what is served -------------------------------------------------------------------------------------------
 

@@ -13,6 +13,9 @@ The queue limit counts jobs accepted but not yet in a slot; ``submit`` refuses o
 A registry reload ``install``\\s a new engine under the same name: jobs not yet decoding go to the new engine, rows
 already decoding finish on the old one (on the artifact they started with), which is stepped until it is empty and
 then dropped.
+
+An engine may also be a ``RemoteEngine`` (``vllm_remote.py``), whose steps hand back the answers a vLLM server
+returned, or the error of a request it could not answer.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from tooltrie.compiler.artifact import Artifact
 from tooltrie.serve.engine import Answer, Engine, Request
 from tooltrie.serve.errors import DecodingFailedError, QueueFullError, UnavailableError, UnknownRegistryError
 from tooltrie.serve.metrics import ServeMetrics
+from tooltrie.serve.vllm_remote import RemoteEngine
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +65,7 @@ class _Lane:
     """An engine and the jobs it is decoding, by ticket."""
 
     name: str
-    engine: Engine
+    engine: Engine | RemoteEngine
     jobs: dict[int, Job] = field(default_factory=dict)
 
 
@@ -73,7 +77,7 @@ class _Cancel:
 @dataclass(frozen=True)
 class _Install:
     name: str
-    engine: Engine
+    engine: Engine | RemoteEngine
 
 
 class _Stop:
@@ -86,7 +90,8 @@ _Message = Job | _Cancel | _Install | _Stop
 class Worker:
     """Drives ``engines`` (registry name -> engine) from one thread; every method may be called from any thread."""
 
-    def __init__(self, engines: Mapping[str, Engine], *, queue_limit: int, metrics: ServeMetrics | None = None) -> None:
+    def __init__(self, engines: Mapping[str, Engine | RemoteEngine], *, queue_limit: int,
+                 metrics: ServeMetrics | None = None) -> None:
         self.queue_limit = queue_limit
         self._metrics = metrics
         self._inbox: queue.SimpleQueue[_Message] = queue.SimpleQueue()
@@ -129,7 +134,7 @@ class Worker:
         (a job already answered is left as it is)."""
         self._inbox.put(_Cancel(job))
 
-    def install(self, name: str, engine: Engine) -> None:
+    def install(self, name: str, engine: Engine | RemoteEngine) -> None:
         """Serve ``name`` with ``engine`` from now on; the old engine finishes the rows it is decoding."""
         self._inbox.put(_Install(name, engine))
 
@@ -239,8 +244,8 @@ class Worker:
             self._metrics.batch_rows.labels(lane.name).observe(rows)
         for ticket, answer in answers.items():
             job = lane.jobs.pop(ticket, None)
-            if job is not None:
-                self._deliver(job, Answered(answer, engine.artifact))
+            if job is not None:  # a remote engine's request may end in an error of its own (e.g. vLLM unreachable)
+                self._deliver(job, answer if isinstance(answer, BaseException) else Answered(answer, engine.artifact))
 
     def _deliver(self, job: Job, outcome: Outcome) -> None:
         try:

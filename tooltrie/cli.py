@@ -86,6 +86,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                            help="give each registry its own adapter, trained from its own text in the background "
                                 "(about 15 minutes for 2,000 tools on 2 cores) and cached; the fused ranker "
                                 "answers meanwhile")
+    serve_cmd.add_argument("--vllm-url", default=None, metavar="URL",
+                           help="answer through the vLLM server at URL (vllm serve with tooltrie's processor) "
+                                "instead of loading the model here; --model names the model it runs")
+    serve_cmd.add_argument("--vllm-model", default=None,
+                           help="the model's name on the vLLM server (default: the only one it serves)")
+    serve_cmd.add_argument("--vllm-artifacts", type=Path, default=None, metavar="DIR",
+                           help="where the artifacts are written for the vLLM server to read (a path it sees the "
+                                "same; default: the compile cache's vllm/)")
     serve_cmd.set_defaults(run=_serve)
 
     from tooltrie.train.command import add_gen_data_command, add_train_command
@@ -224,7 +232,8 @@ def _serve(args: argparse.Namespace) -> int:
         prefilter[name or None] = int(n)
     serve(registries=args.registry or [CATALOG_PATH], model=args.model, adapter=not args.base, tokenizer=args.tokenizer,
           host=args.host, port=args.port, limits=limits, policy=args.policy, prefilter=prefilter, dtype=args.dtype,
-          separator=args.separator, ranker=args.ranker, fused_weights=args.fused_weights, train=args.train)
+          separator=args.separator, ranker=args.ranker, fused_weights=args.fused_weights, train=args.train,
+          vllm_url=args.vllm_url, vllm_model=args.vllm_model, vllm_artifacts=args.vllm_artifacts)
     return 0
 
 

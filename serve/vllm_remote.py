@@ -1,0 +1,273 @@
+"""Answers through a vLLM server (``tooltrie serve --vllm-url URL``): the discovery endpoint as it is (admission,
+queue, timeouts, the JSON it returns), the decoding done by a ``vllm serve`` that loaded tooltrie's logits processor
+and reads the same artifact files. One endpoint in front of a bigger model, or of many replicas behind vLLM's own
+load balancing (tensor and data parallelism are vLLM's).
+
+Each request is one call of vLLM's OpenAI completions route: the prompt's token ids (``Prompt.ids``, what the
+in-process engine feeds), greedy, at most the answer's budget of tokens, the request arguments in their flat form
+(``request_args(..., flat=True)``: ``vllm_xargs`` carries no nested objects) and the chosen tokens' logprobs.
+Started with ``--logprobs-mode processed_logprobs``, vLLM reports them after the mask: log-probabilities under the
+constraint, what the engine scores with. The answer's tokens are then replayed through the trie here
+(:func:`replay`), which checks that they are k distinct registry tools (a server without the processor answers in
+prose) and says which decisions belong to which tool: a tool's score is the sum of its decisions' logprobs, as the
+engine reports it.
+
+:class:`RemoteEngine` stands where an ``Engine`` stands in the worker (``worker.py``): ``submit`` starts the call on
+a thread of the server's pool, ``step`` hands back what has finished. A vLLM that cannot be reached, refuses the
+request or answers something that is not an answer is a 502 for that request, one that does not answer in time a
+504; the endpoint goes on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from tooltrie.compiler.artifact import Artifact
+from tooltrie.compiler.tokenizer_info import TokenizerInfo
+from tooltrie.errors import DecodeError
+from tooltrie.integrations.vllm_rows import request_args
+from tooltrie.kernels.batch import TrieBatch
+from tooltrie.kernels.state import check_k
+from tooltrie.ranker import MODEL_ONLY
+from tooltrie.serve.engine import Answer, Request, ToolChoice
+from tooltrie.serve.errors import BadGatewayError, UpstreamTimeoutError
+from tooltrie.serve.prompt import Prompt
+
+# How long ``step`` waits for a call to finish before it returns to the worker's loop (which then takes new jobs and
+# cancellations): short, since the worker does nothing else meanwhile.
+STEP_WAIT_S = 0.01
+
+
+@dataclass
+class VllmServer:
+    """Where the vLLM server is and how it is called. ``url``: its base (``http://host:port``, with or without
+    ``/v1``); ``artifact_dir``: where the artifacts are written for it to read (a directory both machines see under
+    the same path); ``model``: the name it serves (None: the one its ``/v1/models`` lists); ``timeout_s``: per
+    call; ``concurrency``: calls in flight at once."""
+
+    url: str
+    artifact_dir: Path
+    model: str | None = None
+    timeout_s: float = 30.0
+    concurrency: int = 64
+    _client: httpx.Client | None = field(default=None, init=False, repr=False)
+    _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    @property
+    def base(self) -> str:
+        url = self.url.rstrip("/")
+        return url if url.endswith("/v1") else url + "/v1"
+
+    @property
+    def client(self) -> httpx.Client:
+        with self._lock:
+            if self._client is None:
+                self._client = httpx.Client(timeout=self.timeout_s, limits=httpx.Limits(
+                    max_connections=self.concurrency, max_keepalive_connections=self.concurrency))
+            return self._client
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="tooltrie-vllm")
+            return self._pool
+
+    def close(self) -> None:
+        with self._lock:
+            pool, client, self._pool, self._client = self._pool, self._client, None, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        if client is not None:
+            client.close()
+
+    def artifact_path(self, artifact: Artifact) -> Path:
+        """The artifact as a file vLLM's processor loads: named by its content, written (atomically) once."""
+        path = self.artifact_dir / f"{artifact.registry.name}-{artifact.sha256[:16]}.trie.safetensors"
+        if not path.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            artifact.save(path)
+        return path
+
+    def model_name(self) -> str:
+        if self.model is None:
+            listed = [entry.get("id") for entry in self._call("GET", "/models").get("data", [])]
+            if len(listed) != 1 or not isinstance(listed[0], str):
+                raise BadGatewayError(f"the vLLM server at {self.base} serves models {listed}; name the one to use "
+                                      "(--vllm-model)")
+            self.model = listed[0]
+        return self.model
+
+    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One call of the completions route with the model's name filled in."""
+        return self._call("POST", "/completions", {"model": self.model_name(), **body})
+
+    def _call(self, method: str, route: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        url = self.base + route
+        try:
+            reply = self.client.request(method, url, json=body)
+        except httpx.TimeoutException:
+            raise UpstreamTimeoutError(f"the vLLM server at {self.base} did not answer within {self.timeout_s:g} s"
+                                       ) from None
+        except httpx.HTTPError as exc:
+            raise BadGatewayError(f"the vLLM server at {self.base} cannot be reached ({type(exc).__name__}: "
+                                  f"{exc})") from None
+        if reply.status_code != 200:
+            raise BadGatewayError(f"the vLLM server at {self.base} answered {method} {route} with "
+                                  f"{reply.status_code}: {_message(reply)}")
+        try:
+            data = reply.json()
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            raise BadGatewayError(f"the vLLM server at {self.base} answered {method} {route} with something that "
+                                  "is not a JSON object")
+        return data
+
+
+def _message(reply: httpx.Response) -> str:
+    """vLLM's error message (``{"error": {"message"}}``), else the start of the body."""
+    try:
+        error = reply.json().get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+    except (ValueError, AttributeError):
+        message = None
+    return str(message if message else reply.text)[:500]
+
+
+class RemoteEngine:
+    """An ``Engine``'s place in the worker, answered by ``server``: every request submitted is a call in flight
+    (vLLM batches them); ``max_batch`` bounds how many the worker hands it at once."""
+
+    def __init__(self, server: VllmServer, tokenizer: TokenizerInfo, artifact: Artifact, *, prompt: Prompt,
+                 max_batch: int = 16) -> None:
+        artifact.check_compatible(tokenizer=tokenizer, where="engine")
+        self.server, self.tokenizer, self.artifact, self.prompt, self.max_batch = (server, tokenizer, artifact,
+                                                                                  prompt, max_batch)
+        self.artifact_path = server.artifact_path(artifact)  # written now: an unwritable directory fails at start
+        self._calls: dict[int, Future[Answer]] = {}
+        self._tickets = itertools.count()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._calls)
+
+    @property
+    def load(self) -> tuple[int, int]:
+        return len(self._calls), 0
+
+    def fresh(self) -> RemoteEngine:
+        return RemoteEngine(self.server, self.tokenizer, self.artifact, prompt=self.prompt, max_batch=self.max_batch)
+
+    def submit(self, request: Request) -> int:
+        if request.allow is not None or request.deny:
+            raise DecodeError("this server answers through vLLM, whose processor takes whole registries: allow, "
+                              "deny and prefilter are not available")
+        if not request.constrained or request.reasoning or request.ranker != "model":
+            raise DecodeError("this server answers through vLLM: constrained answers ranked by the model only")
+        check_k(request.k, self.artifact.trie.n_tools, where="request")
+        ticket = next(self._tickets)
+        self._calls[ticket] = self.server.pool.submit(self._answer, request)
+        return ticket
+
+    def cancel(self, ticket: int) -> bool:
+        """Forget the call (vLLM finishes it; its answer is dropped)."""
+        call = self._calls.pop(ticket, None)
+        if call is not None:
+            call.cancel()
+        return call is not None
+
+    def step(self) -> dict[int, Answer | BaseException]:
+        """The calls that have finished (waiting briefly for one): an answer or the ``ServeError`` of each."""
+        if self._calls:
+            wait(list(self._calls.values()), timeout=STEP_WAIT_S, return_when=FIRST_COMPLETED)
+        finished: dict[int, Answer | BaseException] = {}
+        for ticket, call in list(self._calls.items()):
+            if call.done():
+                del self._calls[ticket]
+                error = call.exception()
+                finished[ticket] = call.result() if error is None else error
+        return finished
+
+    def _answer(self, request: Request) -> Answer:
+        started = time.perf_counter()
+        artifact, k = self.artifact, request.k
+        prompt_ids = self.prompt.ids(self.tokenizer, artifact.registry, artifact.contract, request.query, k)
+        reply = self.server.complete({
+            "prompt": prompt_ids, "max_tokens": k * (artifact.trie.max_depth + 1) + 1, "temperature": 0.0,
+            "logprobs": 1, "stop_token_ids": [artifact.eos_id], "skip_special_tokens": False,
+            "return_token_ids": True, "vllm_xargs": request_args(self.artifact_path, k, flat=True)})
+        try:
+            choice = reply["choices"][0]
+            tokens = [int(token) for token in choice["token_ids"]]
+            logprobs = [float(lp) if lp is not None else 0.0 for lp in choice["logprobs"]["token_logprobs"]]
+            finish_reason = str(choice.get("finish_reason"))
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise BadGatewayError(f"the vLLM server at {self.server.base} answered without the answer's tokens and "
+                                  f"logprobs ({type(exc).__name__}: {exc}); tooltrie needs vLLM 0.32 or later"
+                                  ) from None
+        if finish_reason == "stop" and (not tokens or tokens[-1] != artifact.eos_id):
+            tokens.append(artifact.eos_id)  # a stop token vLLM left out of the list
+            logprobs.append(0.0)
+        tools, decisions = replay(artifact, k, tokens, logprobs, width=self.tokenizer.vocab_size)
+        if tools is None:
+            text = self.tokenizer.decode([t for t in tokens if t != artifact.eos_id])
+            raise BadGatewayError(f"the vLLM server at {self.server.base} answered {text[:120]!r}, which is not "
+                                  f"{k} distinct tools of registry {artifact.registry.name!r}: is tooltrie's "
+                                  "processor loaded there (--logits-processors "
+                                  "tooltrie.integrations.vllm:TrieVllmProcessorV1), and does it read "
+                                  f"{self.artifact_path}?")
+        ids = [t for t in tokens if t != artifact.eos_id]
+        return Answer(tools=tools, finish_reason="stop", token_ids=tokens, text=self.tokenizer.decode(ids),
+                      forward_passes=len(tokens), decision_points=decisions, prompt_tokens=len(prompt_ids),
+                      latency_ms=(time.perf_counter() - started) * 1e3, ranker=MODEL_ONLY.as_dict())
+
+
+def replay(artifact: Artifact, k: int, tokens: Sequence[int], logprobs: Sequence[float], *,
+           width: int) -> tuple[list[ToolChoice] | None, int]:
+    """Walk ``tokens`` (an answer and its stop token) through the trie as the engine's choices walk it: the tools,
+    each scored by the summed ``logprobs`` of the decisions that were about it (a token the trie forced is no
+    decision), and the number of decisions; None for the tools when the tokens are not a complete answer of k
+    distinct tools. ``width``: the vocabulary's size."""
+    batch = TrieBatch(artifact, capacity=1)
+    batch.add(0, k)
+    scores: dict[int, float] = {}
+    decisions, i = 0, 0
+    while i < len(tokens) and batch.is_running(0):
+        token = tokens[i]
+        if not 0 <= token < width:
+            return None, decisions
+        # The choice the engine would make if the model preferred this token: its decision counts and forced run.
+        logits = np.zeros((1, width), dtype=np.float32)
+        logits[0, token] = 1.0
+        choice = batch.choose(logits, [0])
+        if int(choice.chosen[0]) != token:
+            return None, decisions
+        n_legal, _, tool_index = (int(v) for v in choice.decision[0])
+        if n_legal > 1:
+            decisions += 1
+            scores[tool_index] = scores.get(tool_index, 0.0) + logprobs[i]
+        forced = choice.forced[0]
+        if list(tokens[i + 1 : i + 1 + len(forced)]) != forced:
+            return None, decisions
+        i += 1 + len(forced)
+    if not batch.is_done(0) or i != len(tokens):
+        return None, decisions
+    registry = artifact.registry
+    return [ToolChoice(rank=rank + 1, name=registry.names[tool], pointer=registry.tools[tool].pointer,
+                       score=scores.get(rank, 0.0), margin=float("inf"))
+            for rank, tool in enumerate(batch.tools(0))], decisions
+
+
+__all__ = ["RemoteEngine", "VllmServer", "replay"]

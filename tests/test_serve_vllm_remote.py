@@ -1,0 +1,210 @@
+"""The discovery endpoint answering through a vLLM server (``serve --vllm-url``, ``serve/vllm_remote.py``), against a
+stand-in for vLLM's completions route on loopback: a reference decoder (the tiny Llama's full logits for the prompt
+and the answer so far, masked by ``TrieMatcher``, greedy) that answers as vLLM started with
+``--logprobs-mode processed_logprobs`` does. What is checked:
+
+- the same answers as the in-process engine, as the same JSON: tools, pointers, scores (summed from the returned
+  logprobs) and token counts, at k = 1, 2, 3; the request carries the prompt's ids and the flat request arguments;
+- vLLM down: 502 naming it, and the endpoint lives on (answers once vLLM is up); vLLM slow: 504; vLLM refusing the
+  request, or answering prose (no processor): 502 saying why;
+- what vLLM's processor cannot do (allow/deny) is a 422; the options it cannot serve are refused at start.
+
+The same against a real ``vllm serve``: ``test_vllm_serve_remote.py`` (``make test-vllm``).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from support.serve_http import (
+    check_answer,
+    loopback_only,  # noqa: F401  (a fixture)
+    running_server,
+    same_answer,
+    smollm_tokenizer,
+    tiny_service,
+)
+
+from tooltrie.compiler import Artifact
+from tooltrie.errors import TooltrieError
+from tooltrie.kernels import TrieMatcher
+from tooltrie.registry import CATALOG_PATH, load_registry
+from tooltrie.serve.limits import ServeLimits
+from tooltrie.serve.server import serve
+from tooltrie.serve.service import DiscoveryService
+from tooltrie.serve.vllm_remote import VllmServer
+from tooltrie.testing import tiny_llama
+
+pytestmark = pytest.mark.usefixtures("loopback_only")
+
+QUERIES = ("What's the weather in Paris tomorrow?", "Convert 100 USD to EUR", "Find me a recipe for dinner")
+TIMEOUT = 120.0
+
+
+class StandIn:
+    """vLLM's ``/v1/models`` and ``/v1/completions`` on a loopback port, answering as ``mode`` says: ``reference``
+    (the tiny Llama under the trie), ``prose`` (a server without the processor), ``refuse`` (a 400), ``hang``
+    (until ``release`` is set)."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.model = tiny_llama()
+        self.mode = "reference"
+        self.requests: list[dict[str, Any]] = []
+        self.release = threading.Event()
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self._reply(200, {"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stand_in.requests.append(body)
+                if stand_in.mode == "hang":
+                    stand_in.release.wait(60)
+                if stand_in.mode == "refuse":
+                    self._reply(400, {"error": {"message": "tooltrie_k must be an int", "type": "BadRequestError"}})
+                    return
+                self._reply(200, stand_in.complete(body))
+
+            def _reply(self, status: int, data: dict[str, Any]) -> None:
+                payload = json.dumps(data).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Greedy over the full logits, masked by the trie; the chosen tokens' logprobs after the mask."""
+        args = body["vllm_xargs"]
+        artifact = Artifact.load(args["tooltrie_artifact"])
+        matcher = TrieMatcher(artifact, args["tooltrie_k"])
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        with torch.inference_mode():
+            out = self.model(torch.tensor([body["prompt"]]), use_cache=True, logits_to_keep=1)
+            while len(tokens) < body["max_tokens"]:
+                if tokens:
+                    out = self.model(torch.tensor([tokens[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+                logits = out.logits[0, -1].float()
+                if self.mode == "prose":
+                    token = int(torch.argmax(logits))
+                    logprob = float(torch.log_softmax(logits, -1)[token])
+                else:
+                    masked = torch.full_like(logits, float("-inf"))
+                    legal = torch.tensor(matcher.legal_tokens() or [])
+                    masked[legal] = logits[legal]
+                    token = int(torch.argmax(masked))
+                    logprob = float(torch.log_softmax(masked, -1)[token])
+                    matcher.accept_token(token)
+                tokens.append(token)
+                logprobs.append(logprob)
+                if token in body["stop_token_ids"]:
+                    break
+        finish = "stop" if tokens[-1] in body["stop_token_ids"] else "length"
+        return {"choices": [{"index": 0, "text": "", "token_ids": tokens, "finish_reason": finish,
+                             "logprobs": {"token_logprobs": logprobs}}]}
+
+    def __enter__(self) -> StandIn:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def remote_service(url: str, tmp_path: Path, *, limits: ServeLimits | None = None) -> DiscoveryService:
+    limits = limits or ServeLimits(timeout_s=TIMEOUT)  # the first answer compiles the CPU kernels
+    return DiscoveryService.from_paths([CATALOG_PATH], None, smollm_tokenizer(), limits=limits,
+                                       cache_dir=tmp_path / "cache",
+                                       remote=VllmServer(url, tmp_path / "artifacts", timeout_s=limits.timeout_s))
+
+
+@contextmanager
+def client_of(service: DiscoveryService) -> Iterator[httpx.Client]:
+    with running_server(service) as server, httpx.Client(base_url=server.url, timeout=TIMEOUT) as client:
+        yield client
+
+
+def test_answers_as_the_engine_does(tmp_path: Path) -> None:
+    catalog = load_registry(CATALOG_PATH)
+    local_service = tiny_service([CATALOG_PATH], tmp_path / "local", limits=ServeLimits(timeout_s=TIMEOUT))
+    with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path)) as remote, client_of(local_service) as local:
+        for query in QUERIES[:2]:
+            for k in (1, 2, 3):
+                ask = {"query": query, "k": k}
+                here, there = local.post("/v1/discover", json=ask), remote.post("/v1/discover", json=ask)
+                assert here.status_code == there.status_code == 200, there.text
+                check_answer(there.json(), catalog, k)
+                assert same_answer(here.json(), there.json()), (here.json(), there.json())
+                assert [t["score"] for t in there.json()["tools"]] != [0.0] * k  # scores come from the logprobs
+                for field in ("prompt_tokens", "completion_tokens", "decision_points"):
+                    assert here.json()["usage"][field] == there.json()["usage"][field], field
+        assert remote.get("/healthz").status_code == 200  # the probe registry, through vLLM too
+    sent = vllm.requests[0]
+    assert sent["vllm_xargs"]["tooltrie_k"] == 1 and Path(sent["vllm_xargs"]["tooltrie_artifact"]).is_file()
+    assert sent["model"] == "tiny" and sent["temperature"] == 0.0 and all(isinstance(t, int) for t in sent["prompt"])
+
+
+def test_vllm_down_is_502_and_the_endpoint_lives_on(tmp_path: Path) -> None:
+    port = free_port()
+    with client_of(remote_service(f"http://127.0.0.1:{port}", tmp_path)) as client:
+        reply = client.post("/v1/discover", json={"query": QUERIES[0], "k": 2})
+        assert reply.status_code == 502 and reply.json()["error"]["code"] == "bad_gateway", reply.text
+        assert f"127.0.0.1:{port}" in reply.json()["error"]["message"]
+        assert client.get("/v1/registries").status_code == 200
+        with StandIn(port):  # vLLM comes up: the same endpoint answers
+            reply = client.post("/v1/discover", json={"query": QUERIES[0], "k": 2})
+            assert reply.status_code == 200, reply.text
+
+
+def test_vllm_slow_is_504_and_the_endpoint_lives_on(tmp_path: Path) -> None:
+    with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path, limits=ServeLimits(timeout_s=1))) as client:
+        vllm.mode = "hang"
+        reply = client.post("/v1/discover", json={"query": QUERIES[1], "k": 1})
+        assert reply.status_code == 504 and reply.json()["error"]["code"] in ("timeout", "upstream_timeout")
+        vllm.mode = "reference"
+        vllm.release.set()
+        assert client.post("/v1/discover", json={"query": QUERIES[1], "k": 1}).status_code == 200
+
+
+@pytest.mark.parametrize(("mode", "says"), [("refuse", "tooltrie_k must be an int"), ("prose", "processor")])
+def test_vllm_refusing_or_unconstrained_is_502(tmp_path: Path, mode: str, says: str) -> None:
+    with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path)) as client:
+        vllm.mode = mode
+        reply = client.post("/v1/discover", json={"query": QUERIES[2], "k": 2})
+        assert reply.status_code == 502 and says in reply.json()["error"]["message"], reply.text
+
+
+def test_what_the_processor_cannot_do_is_refused(tmp_path: Path) -> None:
+    with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path)) as client:
+        reply = client.post("/v1/discover", json={"query": QUERIES[0], "k": 1, "allow": ["WeatherTool", "NewsTool"]})
+        assert reply.status_code == 422 and "vLLM" in reply.json()["error"]["message"], reply.text
+    with pytest.raises(TooltrieError, match="--policy cannot be used with --vllm-url"):
+        serve(registries=[CATALOG_PATH], policy=tmp_path / "policy.yaml", vllm_url="http://127.0.0.1:9")

@@ -1,0 +1,135 @@
+"""The discovery endpoint through a real ``vllm serve`` on loopback (``serve --vllm-url``): vLLM's CPU build with
+tooltrie's processor, the default model as served (its adapter merged, float32). Runs where vLLM is installed
+(``make test-vllm``), skipped elsewhere; the stand-in tests in ``test_serve_vllm_remote.py`` run everywhere.
+
+- the same greedy answers as the in-process engine on the same model, as the same JSON (tools, pointers, scores
+  from vLLM's processed logprobs, token counts), on held-out catalog queries at k = 1, 2, 3;
+- vLLM stopped: 502, and the endpoint lives on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+import httpx
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm builds an environment with it)")
+
+from support.serve_http import check_answer, running_server, smollm_tokenizer
+
+from tooltrie.eval.datasets import load_split
+from tooltrie.registry import CATALOG_PATH, load_registry
+from tooltrie.serve.limits import ServeLimits
+from tooltrie.serve.model import load_model, save_model_as_served
+from tooltrie.serve.prompt import Prompt
+from tooltrie.serve.service import DiscoveryService
+from tooltrie.serve.vllm_remote import VllmServer
+
+PROCESSOR = "tooltrie.integrations.vllm:TrieVllmProcessorV1"  # by name: the CPU worker imports it after its scan
+QUERIES = 6  # held-out catalog queries, each at k = 1, 2, 3
+START_S = 900  # vLLM's start-up on two shared cores (eager mode, no torch.compile)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def start_vllm(model_dir: Path, port: int, log: BinaryIO) -> subprocess.Popen[bytes]:
+    """vLLM's OpenAI server as a user starts it for ``tooltrie serve --vllm-url``, sized for a small CPU machine.
+    (The CPU build's ``vllm serve`` looks up the version of a package named ``vllm`` and fails; its server module
+    runs the same server.)"""
+    # -P: the working directory (the repository root, whose kernels/ transformers would import as Hugging Face's
+    # `kernels` package, numba and all) stays off the server's and its workers' import path.
+    command = [sys.executable, "-P", "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+               "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
+               "--max-model-len", "2048", "--max-num-seqs", "16", "--seed", "0", "--logits-processors", PROCESSOR,
+               "--logprobs-mode", "processed_logprobs"]
+    env = {**os.environ, "VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def wait_up(process: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    deadline = time.monotonic() + START_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"vllm serve exited with {process.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(2)
+    raise AssertionError(f"vllm serve did not start within {START_S} s:\n{log.read_text()[-4000:]}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)  # its engine and worker processes too
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(30)
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[object, str]]:
+    """The default model as served, and its prompt style."""
+    model, info = load_model()
+    yield model, info.prompt_style
+
+
+def test_same_answers_as_the_engine_then_vllm_down_is_502(served: tuple[object, str]) -> None:
+    model, style = served
+    catalog = load_registry(CATALOG_PATH)
+    queries = load_split("metatool-single", "test")
+    asks = [{"query": queries[i * len(queries) // QUERIES].query, "k": k} for i in range(QUERIES) for k in (1, 2, 3)]
+    limits = ServeLimits(timeout_s=300)
+    with tempfile.TemporaryDirectory(prefix="tooltrie-vllm-") as scratch:
+        work = Path(scratch)
+        save_model_as_served(model, None, work / "model")  # type: ignore[arg-type]
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        log = (work / "vllm.log").open("wb")
+        process = start_vllm(work / "model", port, log)
+        try:
+            wait_up(process, url, work / "vllm.log")
+            remote = DiscoveryService.from_paths(
+                [CATALOG_PATH], None, smollm_tokenizer(), prompt=Prompt.style(style), limits=limits,
+                cache_dir=work / "cache", remote=VllmServer(url, work / "artifacts", timeout_s=limits.timeout_s))
+            local = DiscoveryService.from_paths([CATALOG_PATH], model, smollm_tokenizer(), prompt=Prompt.style(style),
+                                                limits=limits, cache_dir=work / "cache")
+            with running_server(remote) as there, running_server(local) as here, \
+                    httpx.Client(timeout=600) as client:
+                for ask in asks:
+                    theirs = client.post(there.url + "/v1/discover", json=ask)
+                    ours = client.post(here.url + "/v1/discover", json=ask)
+                    assert theirs.status_code == 200, theirs.text
+                    check_answer(theirs.json(), catalog, ask["k"])
+                    a, b = ours.json(), theirs.json()
+                    assert [t["name"] for t in a["tools"]] == [t["name"] for t in b["tools"]], (ask, a, b)
+                    assert [t["pointer"] for t in a["tools"]] == [t["pointer"] for t in b["tools"]]
+                    for x, y in zip(a["tools"], b["tools"], strict=True):  # two engines' float32 arithmetic
+                        assert abs(x["score"] - y["score"]) < 0.02, (ask, a, b)
+                    for field in ("prompt_tokens", "completion_tokens", "decision_points"):
+                        assert a["usage"][field] == b["usage"][field], (field, a, b)
+                assert client.get(there.url + "/healthz").status_code == 200
+                stop(process)
+                reply = client.post(there.url + "/v1/discover", json=asks[0])
+                assert reply.status_code == 502 and reply.json()["error"]["code"] == "bad_gateway", reply.text
+                assert client.get(there.url + "/v1/registries").status_code == 200
+        finally:
+            stop(process)
+            log.close()
