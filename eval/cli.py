@@ -39,6 +39,9 @@ def add_commands(commands: Any) -> None:
     ev.add_argument("--sample", type=int, default=None,
                     help="evaluate N evenly spaced queries (a test split is grouped by gold tool: this keeps them all)")
     ev.add_argument("--max-new-tokens", type=int, default=48, help="for unconstrained arms (default 48)")
+    ev.add_argument("--vllm", action="append", default=[], metavar="KEY=VALUE",
+                    help="a setting of the vLLM arms' LLM (VALUE read as JSON, else text), over the machine's "
+                         "defaults (on a CPU: enforce_eager=true, kv_cache_memory_bytes=2 GiB); repeatable")
     add_ranker_options(ev, what="the engine arm's", default="model")
     ev.add_argument("--no-plots", dest="plots", action="store_false")
     ev.add_argument("-o", "--output", type=Path, required=True,
@@ -117,7 +120,7 @@ def _eval(args: argparse.Namespace) -> int:
     setup = EvalSetup(model=model, tokenizer=tokenizer, artifact=artifact, prompt=Prompt.style(style),
                       batch_size=args.batch, max_new_tokens=args.max_new_tokens, model_path=info.path,
                       artifact_path=args.artifact,
-                      options={"ranker": args.ranker,
+                      options={"ranker": args.ranker, "vllm": vllm_options(args.vllm),
                                "retrieval": ranker_for(artifact, args.artifact or args.registry, weights)
                                if ranked else None})
     meta = {"dataset": name if bundled else str(name), "split": split or ("test" if bundled else "all"),
@@ -133,6 +136,24 @@ def _eval(args: argparse.Namespace) -> int:
                                                                   "latency_median_ms")}}))
     print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
     return 0
+
+
+def vllm_options(settings: list[str]) -> dict[str, Any]:
+    """``--vllm KEY=VALUE`` settings as ``LLM`` keyword arguments, each value JSON if it reads as JSON.
+
+    >>> vllm_options(["enforce_eager=false", "kv_cache_memory_bytes=1073741824", "dtype=float32"])
+    {'enforce_eager': False, 'kv_cache_memory_bytes': 1073741824, 'dtype': 'float32'}
+    """
+    options: dict[str, Any] = {}
+    for setting in settings:
+        key, equals, value = setting.partition("=")
+        if not equals or not key.isidentifier():
+            raise SystemExit(f"tooltrie eval: error: --vllm takes KEY=VALUE, got {setting!r}")
+        try:
+            options[key] = json.loads(value)
+        except ValueError:
+            options[key] = value
+    return options
 
 
 def _compare(args: argparse.Namespace) -> int:

