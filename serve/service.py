@@ -299,7 +299,7 @@ class DiscoveryService:
                       prompt=self._prompt(served.adapter),
                       ranker=ranker, adapter=served.adapter)
 
-    def _install(self, served: ServedRegistry, engine: Engine) -> None:
+    def _install(self, served: ServedRegistry, engine: Engine | RemoteEngine) -> None:
         """Serve ``served`` with ``engine`` from now on (requests admitted meanwhile with the old version's prior
         get theirs made again by the new engine)."""
         self.worker.install(served.name, engine)

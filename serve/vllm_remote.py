@@ -38,7 +38,7 @@ from tooltrie.errors import DecodeError
 from tooltrie.integrations.vllm_rows import request_args
 from tooltrie.kernels.batch import TrieBatch
 from tooltrie.kernels.state import check_k
-from tooltrie.ranker import MODEL_ONLY
+from tooltrie.ranker import MODEL_ONLY, Ranker
 from tooltrie.serve.engine import Answer, Request, ToolChoice
 from tooltrie.serve.errors import BadGatewayError, UpstreamTimeoutError
 from tooltrie.serve.prompt import Prompt
@@ -149,6 +149,8 @@ def _message(reply: httpx.Response) -> str:
 class RemoteEngine:
     """An ``Engine``'s place in the worker, answered by ``server``: every request submitted is a call in flight
     (vLLM batches them); ``max_batch`` bounds how many the worker hands it at once."""
+
+    ranker: Ranker | None = None  # no retrieval prior: vLLM's processor ranks by the model alone
 
     def __init__(self, server: VllmServer, tokenizer: TokenizerInfo, artifact: Artifact, *, prompt: Prompt,
                  max_batch: int = 16) -> None:
