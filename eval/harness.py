@@ -87,6 +87,15 @@ def _results_object(queries: Sequence[LabelledQuery], results: dict[str, ArmResu
                     meta: dict[str, Any]) -> dict[str, Any]:
     ks = sorted({q.k for q in queries})
     artifact = setup.artifact
+    arms = {name: {"summary": result.summary(),
+                   "by_k": {str(k): result.summary([i for i, q in enumerate(queries) if q.k == k]) for k in ks}}
+            for name, result in results.items()}
+    if "engine" in results:  # the other engines given the same prompt ids: greedy, they should answer the same
+        engine = results["engine"].predictions
+        for name, result in results.items():
+            if name != "engine":
+                same = [a.text == b.text for a, b in zip(result.predictions, engine, strict=True)]
+                arms[name]["summary"]["same_as_engine"] = sum(same) / len(same)
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -105,13 +114,7 @@ def _results_object(queries: Sequence[LabelledQuery], results: dict[str, ArmResu
         },
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version(), "versions": _versions()},
-        "arms": {
-            name: {
-                "summary": result.summary(),
-                "by_k": {str(k): result.summary([i for i, q in enumerate(queries) if q.k == k]) for k in ks},
-            }
-            for name, result in results.items()
-        },
+        "arms": arms,
         "answers": [
             {"query": q.query, "gold": list(q.tools), "where": q.where,
              **{name: {"text": r.predictions[i].text, "predicted": list(r.outcomes[i].predicted),

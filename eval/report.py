@@ -70,6 +70,11 @@ def markdown(results: dict[str, Any], *, images: list[str] | None = None) -> str
     lines += _table(results, by_k=False)
     if len(settings.get("ks", [])) > 1:
         lines += ["", "By k:", "", *_table(results, by_k=True)]
+    same = {arm: data["summary"]["same_as_engine"] for arm, data in results["arms"].items()
+            if data["summary"].get("same_as_engine") is not None}
+    if same:
+        lines += ["", "Answers identical to the engine arm's (same text): " + ", ".join(
+            f"{arm} {share:.1%}" for arm, share in same.items()) + "."]
     paired = _against_retrieval(results)
     if paired:
         lines += ["", "Exact sets against the retrieval arm, answer by answer (`tooltrie compare`: a 95 % paired "

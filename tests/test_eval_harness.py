@@ -57,6 +57,10 @@ def test_constrained_arms_are_always_valid(results: dict[str, Any], arm: str) ->
 
 def test_engine_and_generate_with_our_processor_give_the_same_answers(results: dict[str, Any]) -> None:
     assert [a["engine"]["text"] for a in results["answers"]] == [a["hf"]["text"] for a in results["answers"]]
+    assert results["arms"]["hf"]["summary"]["same_as_engine"] == 1.0
+    assert "same_as_engine" not in results["arms"]["engine"]["summary"]
+    same = [a["engine"]["text"] == a["unconstrained"]["text"] for a in results["answers"]]
+    assert results["arms"]["unconstrained"]["summary"]["same_as_engine"] == sum(same) / len(same)
 
 
 def test_unconstrained_arm_is_scored_by_parse(results: dict[str, Any]) -> None:
@@ -90,6 +94,7 @@ def test_report_files_are_written_side_by_side(results: dict[str, Any], tmp_path
         assert paths[png].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = paths["report"].read_text(encoding="utf-8")
     assert "| arm | answers | exact-set |" in report and "By k:" in report
+    assert "Answers identical to the engine arm's (same text): hf 100.0%" in report
     for arm in ARMS:
         assert f"| {arm} | 5 |" in report
     assert "![accuracy.png](accuracy.png)" in report
