@@ -7,7 +7,7 @@ An adapter directory has three files:
 - ``adapter_config.json``: peft's ``LoraConfig``, so ``peft.PeftModel.from_pretrained(base, directory)`` loads it too;
 - ``tooltrie.json``: the record: the base model (name and ``model_fingerprint``), the registry (name, sha256), the
   tokenizer fingerprint and the contract sha256 of the artifact it was trained against, the prompt style, the
-  training settings and the loss and validation curves.
+  training settings and the loss and validation curves, and the sha256 of the weights file (``verify_adapter``).
 
 Merging needs no peft: every adapted linear layer becomes ``W + scale * B @ A`` (``scale = alpha / r``), computed in
 float32. That takes a few milliseconds for SmolLM2-135M, so a merged model loads as fast as its base.
@@ -15,6 +15,7 @@ float32. That takes a few milliseconds for SmolLM2-135M, so a merged model loads
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -38,6 +39,7 @@ __all__ = [
     "low_rank_updates",
     "merge_adapter",
     "read_adapter",
+    "verify_adapter",
     "write_adapter",
 ]
 
@@ -103,12 +105,32 @@ def read_adapter(directory: str | Path) -> AdapterRecord:
         raise AdapterError(f"{path / RECORD_FILE}: the record lacks {exc}") from exc
 
 
+def verify_adapter(record: AdapterRecord) -> None:
+    """Check what ``read_adapter`` leaves to the merge: the weights are the bytes the record hashed
+    (``weights_sha256``, written by ``write_adapter``) and the LoRA config is one that merges. Raises
+    ``AdapterError``: a truncated or corrupt file, or a record without the hash (an adapter written before records
+    had it), cannot be told from a sound one."""
+    weights = record.path / ADAPTER_WEIGHTS_FILE
+    expected = record.record.get("weights_sha256")
+    if not isinstance(expected, str):
+        raise AdapterError(f"{record.path / RECORD_FILE}: no weights_sha256 (written before adapter records held "
+                           f"it), so {weights.name} cannot be checked")
+    try:
+        found = _sha256(weights)
+    except OSError as exc:
+        raise AdapterError(f"{weights}: unreadable: {exc}") from exc
+    if found != expected:
+        raise AdapterError(f"{weights}: sha256 {found[:12]} is not the {expected[:12]} its record says: the file is "
+                           f"truncated or corrupt")
+    _scales(_read_json(record.path / ADAPTER_CONFIG_FILE), record.path)
+
+
 def write_adapter(directory: str | Path, tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any],
                   record: Mapping[str, Any], *, dtype: torch.dtype = torch.float16) -> Path:
     """Write an adapter directory atomically (built beside it, then renamed into place; an old one is replaced).
 
     ``tensors`` are the LoRA matrices under peft's names, ``config`` peft's ``LoraConfig`` as a dict, ``record`` the
-    contents of ``tooltrie.json`` without its format fields (added here).
+    contents of ``tooltrie.json`` without its format fields and the weights' sha256 (added here).
     """
     from safetensors.torch import save_file
 
@@ -123,7 +145,8 @@ def write_adapter(directory: str | Path, tensors: Mapping[str, torch.Tensor], co
         save_file(stored, tmp / ADAPTER_WEIGHTS_FILE, metadata={"format": "pt"})
         (tmp / ADAPTER_CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True, default=_jsonable) + "\n",
                                                encoding="utf-8")
-        full = {"format": RECORD_FORMAT, "format_version": RECORD_FORMAT_VERSION, **record}
+        full = {"format": RECORD_FORMAT, "format_version": RECORD_FORMAT_VERSION, **record,
+                "weights_sha256": _sha256(tmp / ADAPTER_WEIGHTS_FILE)}
         (tmp / RECORD_FILE).write_text(json.dumps(full, indent=1, default=_jsonable) + "\n", encoding="utf-8")
         for child in tmp.iterdir():
             child.chmod(0o644)
@@ -195,6 +218,14 @@ def low_rank_updates(model: torch.nn.Module,
 
 
 # --- internals -------------------------------------------------------------------------------------------------
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -51,6 +51,9 @@ class ServeMetrics:
         self.training_total = Gauge(
             "tooltrie_adapter_training_total_steps", "Steps of the adapter training queued, running or done, by "
             "registry", ["registry"], registry=self.registry)
+        self.training_failed = Gauge(
+            "tooltrie_adapter_training_failed", "1 where a registry's last adapter training failed (its error, a "
+            "time limit included, is in /v1/registries), else 0", ["registry"], registry=self.registry)
         self.queued = Gauge("tooltrie_queued_requests", "Requests accepted and not yet decoding",
                             registry=self.registry)
         self.active_rows = Gauge("tooltrie_active_rows", "Rows being decoded, over all engines",

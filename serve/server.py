@@ -45,6 +45,7 @@ from tooltrie.serve.policy import Policy, Tenant, check_open_binding
 from tooltrie.serve.prefilter import Prefilter, PrefilterError, embedding_rankers
 from tooltrie.serve.schema import DiscoverBody, DiscoverResponse, ErrorBody
 from tooltrie.serve.service import Disconnected, DiscoveryRequest, DiscoveryService
+from tooltrie.serve.training import TrainingJob
 
 logger = logging.getLogger(__name__)
 
@@ -334,7 +335,7 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
           host: str = "127.0.0.1", port: int = 8000, limits: ServeLimits | None = None,
           log_level: str = "info", policy: Path | None = None, prefilter: dict[str | None, int] | None = None,
           dtype: str = "auto", separator: str | None = None, ranker: str = "auto",
-          fused_weights: Weights | None = None, train: bool = False, vllm_url: str | None = None,
+          fused_weights: Weights | None = None, train: TrainingJob | None = None, vllm_url: str | None = None,
           vllm_model: str | None = None, vllm_artifacts: Path | None = None) -> None:
     """``tooltrie serve``: load the model, compile (or take from the cache) each registry, and serve until
     interrupted. ``registries``: registry files or compiled artifacts (``separator``: the contract's for the files,
@@ -342,8 +343,9 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     retrieval per registry name (None as the name: every registry), each also the most a request may ask for;
     ``dtype``: a ``serve.model.DTYPE_NAMES`` entry; ``ranker`` and ``fused_weights``: what answers rank by unless a
     request says (``tooltrie/ranker.py``; weights None: ``ranker_policy.fused_weights`` per registry). ``train``: each
-    registry gets its own adapter, from the adapter cache or trained in the background (``serve/training.py``),
-    over the base model (the model's own adapter, if any, answers the others meanwhile).
+    registry gets its own adapter, from the adapter cache or trained in the background by this job
+    (``serve/training.py``; ``tooltrie.train.recipe.Recipe``), over the base model (the model's own adapter, if
+    any, answers the others meanwhile).
 
     ``vllm_url``: answer through the vLLM server there (``vllm_remote.py``) instead of loading the model: ``model``
     then says which model that server runs (for its tokenizer and prompt style), ``vllm_model`` its name there (None:
@@ -371,9 +373,9 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     rankers, why = embedding_rankers()
     limits_n = prefilter_limits(prefilter or {}, names)
     trainer = None
-    if train:  # adapters are trained on the model as served: its float32 weights' fingerprint keys them
+    if train is not None:  # adapters are trained on the model as served: its float32 weights' fingerprint keys them
         loaded, info = load_model(model, adapter=adapter)
-        trainer = AdapterTrainer(base_model=model, base_adapter=adapter, base_fingerprint=info.fingerprint)
+        trainer = AdapterTrainer(job=train, base_model=model, base_adapter=adapter, base_fingerprint=info.fingerprint)
         loaded = cast(Any, loaded).to(serving_dtype(dtype))
     else:
         loaded, info = load_model(model, adapter=adapter, dtype=serving_dtype(dtype))

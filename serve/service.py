@@ -576,6 +576,7 @@ class DiscoveryService:
         for name, status in (self.trainer.status.items() if self.trainer is not None else ()):
             self.metrics.training_steps.labels(name).set(status.step)
             self.metrics.training_total.labels(name).set(status.steps)
+            self.metrics.training_failed.labels(name).set(status.state == "failed")
         return self.metrics.exposition()
 
     # -- adapters trained while serving ----------------------------------------------------------------------------

@@ -1,17 +1,30 @@
 """A served registry's own adapter, trained in the background: ``tooltrie serve --train``.
 
-For each registry without one, the ``AdapterTrainer`` runs a child process (``python -m tooltrie.train.job``) at the
-lowest CPU priority, one registry at a time, that regenerates training data from the registry's own text (``gen-data
---no-queries --compose``) and trains a LoRA adapter on the model as served, with the bundled catalog's labelled
-requests drawn beside that text, following a ``Recipe``. Meanwhile the
-server answers with what it has (the fused ranker); when the adapter is written, the service swaps it in as a reload
-swaps a registry: requests decoding finish on the old engine, later ones get the new. Serving never imports the
-training code.
+For each registry without one, the ``AdapterTrainer`` runs a ``TrainingJob``'s command in a child process, one
+registry at a time (``tooltrie.train.recipe.Recipe``: ``python -m tooltrie.train.job`` at the lowest CPU priority,
+which regenerates training data from the registry's own text and trains a LoRA adapter on the model as served).
+Meanwhile the server answers with what it has (the fused ranker); when the adapter is written, the service swaps it
+in as a reload swaps a registry: requests decoding finish on the old engine, later ones get the new. Serving never
+imports the training code, nor names it: the job is given (``tooltrie serve --train`` gives the recipe).
 
-Adapters are cached under ``<cache>/adapters/<key>``, the key a sha256 of everything an adapter depends on: the
-registry, tokenizer and contract (the artifact's hashes), the served model's fingerprint and the recipe. A restart
-finds them there; a registry that changed gets a new key, so an adapter is never applied to tools it was not
-trained on. The child writes the adapter atomically (``write_adapter``), so a half-trained one is never found.
+Adapters are cached under ``<cache>/adapters/<key>``, the key the job's (``TrainingJob.key``): a sha256 of everything
+an adapter depends on. A restart finds them there; a registry that changed gets a new key, so an adapter is never
+applied to tools it was not trained on. The child writes the adapter atomically (``write_adapter``), with the sha256
+of its weights in the record: a cached adapter whose weights are truncated or corrupt, or that lacks the sha256
+(written by an older trainer), is trained again, never served (``cached``).
+
+The child process, and what it may start, is bounded:
+
+- it runs in a session of its own, so stopping it (``SIGTERM``, then ``SIGKILL`` after ``STOP_GRACE_S``) reaches
+  everything it started, and stopping never blocks the server's event loop;
+- it exits with the server however the server ends, ``SIGKILL`` included: its stdin is a pipe from the server that
+  it watches (``serve.lifeline.exit_with_server``), which reads end-of-file once the server's process is gone;
+- one process at a time trains a key: the trainer holds a lock (``flock`` on ``<cache>/adapters/.<key>.lock``) that
+  the child inherits, so a restarted server, or a second server on the same cache, waits for a child still running
+  instead of starting another in the same ``.<key>.work`` directory, then takes its adapter from the cache;
+- it is killed after ``time_limit_s`` (``TIME_LIMIT_S``, one hour, by default; waiting for the lock included) and
+  its registry reported ``failed`` in ``/v1/registries`` (``training.error`` says why) and ``/metrics``
+  (``tooltrie_adapter_training_failed``).
 
 Progress is read from the training log (one JSON line per step) and shown in ``/v1/registries`` and ``/metrics``.
 """
@@ -20,76 +33,52 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
+import fcntl
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
-import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tooltrie.compiler.artifact import Artifact
-from tooltrie.ranker import Weights
-from tooltrie.serve.adapter import AdapterError, AdapterRecord, is_adapter_dir, read_adapter
+from tooltrie.serve.adapter import AdapterError, AdapterRecord, is_adapter_dir, read_adapter, verify_adapter
+from tooltrie.serve.lifeline import LIFELINE_ENV
 
-__all__ = ["AdapterTrainer", "Recipe", "TrainingStatus", "adapter_cache_dir"]
+__all__ = ["TIME_LIMIT_S", "AdapterTrainer", "TrainingJob", "TrainingStatus", "adapter_cache_dir"]
 
 logger = logging.getLogger(__name__)
 
-KEY_VERSION = 1  # bumped when what an adapter depends on changes
+# A training's time limit, waiting for another process's lock included: about four times what a 1,853-tool
+# registry (BFCL) takes with the default recipe on a 2-core CPU (13.3 minutes, docs/training.md).
+TIME_LIMIT_S = 3_600.0
+STOP_GRACE_S = 5.0  # after SIGTERM, how long the child has to clean up before SIGKILL
 _POLL_S = 1.0  # how often the child's progress is read
 _ERROR_TAIL = 2_000  # characters of a failed child's output kept in its status
-CHILD_MODULE = "tooltrie.train.job"  # what the child runs (training code is imported there, never by serving)
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """How a served registry's adapter is trained: data from the registry's own text, then a short LoRA run sized
-    for a 2-core CPU (a 1,853-tool registry: see docs/training.md)."""
+class TrainingJob(Protocol):
+    """How an adapter is trained (``tooltrie.train.recipe.Recipe``): what the trainer needs of it, no more."""
 
-    compose: int = 2_000  # multi-tool requests composed from the tools' descriptions (``train.compose``)
-    self_instruct: int = 0  # requests per tool written by the instruct model (``train.self_instruct``)
-    # The bundled registry ("catalog" or "bfcl") whose labelled requests are drawn beside the registry's text
-    # (``train.job``; None: the text alone). Text alone teaches the tools but unlearns how requests read: on BFCL,
-    # 54.0 % exact sets fused without them, 58.4 % with the catalog's (docs/training.md#training-while-serving).
-    replay: str | None = "catalog"
-    hard_negatives: bool = False  # each tool's requests beside its nearest tool's (``train.hard_negatives``)
-    # Train the choices through ``fused`` as they are served (``train.priors``): the model learns what retrieval misses
-    through_prior: bool = False
-    prompt_style: str = "short"  # the prompt the adapter learns to answer (``serve.prompt``)
-    steps: int = 200
-    batch_size: int = 16
-    learning_rate: float = 1e-3
-    warmup_steps: int = 20
-    rank: int = 32
-    alpha: int = 64
-    top_layers: int = 15  # the backward pass stops halfway: a step costs about 0.6x
-    loss: str = "both"
-    seed: int = 0
-    threads: int = 1  # one core for training, the other for serving
-    # What the adapter's answers rank by: alone it knows the tools less well than retrieval does, fused with it
-    # (these weights, chosen on BFCL's validation split) it answers better than either.
-    fused: Weights = field(default_factory=lambda: Weights(model=1.0, retrieval=100.0))
+    @property
+    def steps(self) -> int: ...
 
     def key(self, artifact: Artifact, base_fingerprint: str) -> str:
-        """The cache key of this recipe's adapter for ``artifact`` on the base with ``base_fingerprint``."""
-        parts = [KEY_VERSION, artifact.registry.sha256, artifact.tokenizer_fingerprint, artifact.contract.sha256,
-                 base_fingerprint, asdict(self)]
-        return hashlib.sha256(json.dumps(parts, sort_keys=True).encode("utf-8")).hexdigest()
+        """The cache key of the adapter trained for ``artifact`` on the base with ``base_fingerprint``."""
+        ...
 
-    def arguments(self) -> list[str]:
-        return ["--recipe", json.dumps(asdict(self), sort_keys=True)]
-
-    @classmethod
-    def from_json(cls, text: str) -> Recipe:
-        fields = json.loads(text)
-        return cls(**{**fields, "fused": Weights(**fields["fused"])})
+    def command(self, artifact_file: Path, output: Path, *, work: Path, base_model: str | None,
+                base_adapter: bool) -> list[str]:
+        """The command that trains it into ``output``: ``artifact_file`` holds the artifact, ``work`` is its own,
+        ``work/train.log.jsonl`` its log (one JSON line per step). It must call
+        ``serve.lifeline.exit_with_server()`` first."""
+        ...
 
 
 def adapter_cache_dir() -> Path:
@@ -101,12 +90,12 @@ def adapter_cache_dir() -> Path:
 
 @dataclass
 class TrainingStatus:
-    """Where a registry's adapter stands: ``queued``, ``training`` (``phase`` data or steps), ``ready`` or
-    ``failed`` (``error`` says why)."""
+    """Where a registry's adapter stands: ``queued``, ``training`` (``phase``: ``waiting`` for another process
+    training the same adapter, ``data`` or ``steps``), ``ready`` or ``failed`` (``error`` says why)."""
 
     state: str
     steps: int
-    key: str = ""  # the cache key of the adapter it is about (``Recipe.key``)
+    key: str = ""  # the cache key of the adapter it is about (``TrainingJob.key``)
     step: int = 0
     phase: str | None = None
     adapter: str | None = None  # its directory, once ready
@@ -127,33 +116,39 @@ Ready = Callable[[str, AdapterRecord], Awaitable[None]]
 class AdapterTrainer:
     """Trains the adapters of registries ``request``\\ ed, one at a time, while ``run`` is being awaited."""
 
-    def __init__(self, *, base_model: str | None, base_fingerprint: str, base_adapter: bool = True,
-                 recipe: Recipe | None = None, cache_dir: Path | None = None, python: str = sys.executable) -> None:
-        """The model adapters are trained on is ``serve.model.load_model(base_model, adapter=base_adapter)``, the
+    def __init__(self, *, job: TrainingJob, base_model: str | None, base_fingerprint: str,
+                 base_adapter: bool = True, cache_dir: Path | None = None,
+                 time_limit_s: float = TIME_LIMIT_S) -> None:
+        """Adapters are trained by ``job`` on ``serve.model.load_model(base_model, adapter=base_adapter)``, the
         model as served (None: the default model, with its shipped adapter merged), whose float32 weights have
         ``base_fingerprint``."""
+        if not time_limit_s > 0:
+            raise ValueError(f"AdapterTrainer: time_limit_s must be positive, got {time_limit_s}")
+        self.job = job
         self.base_model, self.base_adapter, self.base_fingerprint = base_model, base_adapter, base_fingerprint
-        self.recipe = recipe or Recipe()
         self.cache_dir = cache_dir or adapter_cache_dir()
-        self.python = python
+        self.time_limit_s = time_limit_s
         self.status: dict[str, TrainingStatus] = {}
         self._queue: deque[tuple[str, Artifact, TrainingStatus]] = deque()
         self._wake = asyncio.Event()
-        self._child: subprocess.Popen[bytes] | None = None
 
     def directory(self, artifact: Artifact) -> Path:
-        return self.cache_dir / self.recipe.key(artifact, self.base_fingerprint)
+        return self.cache_dir / self.job.key(artifact, self.base_fingerprint)
 
     def cached(self, artifact: Artifact) -> AdapterRecord | None:
-        """The adapter trained for ``artifact`` by this recipe on this base, if one is in the cache."""
+        """The adapter trained for ``artifact`` by this job on this base, if a sound one is in the cache. A damaged
+        one (unreadable, its weights not those its record hashed, or no hash: an older trainer's) is set aside,
+        with a warning, to be trained again."""
         directory = self.directory(artifact)
         if not is_adapter_dir(directory):
             return None
         try:
-            return read_adapter(directory)
-        except AdapterError as exc:  # damaged: trained again when asked
-            logger.warning("ignoring the cached adapter %s: %s", directory, exc)
+            record = read_adapter(directory)
+            verify_adapter(record)
+        except AdapterError as exc:
+            logger.warning("the cached adapter %s is not used, and is trained again: %s", directory, exc)
             return None
+        return record
 
     def request(self, name: str, artifact: Artifact) -> TrainingStatus:
         """Queue ``name``'s adapter for ``artifact``: nothing new when that one is queued or training already, or
@@ -167,76 +162,134 @@ class AdapterTrainer:
         self._queue = deque(entry for entry in self._queue if entry[0] != name)
         cached = self.cached(artifact)
         if cached is not None:  # trained already (the service swaps it in when it loads the registry)
-            self.status[name] = TrainingStatus("ready", steps=self.recipe.steps, key=key, step=self.recipe.steps,
+            self.status[name] = TrainingStatus("ready", steps=self.job.steps, key=key, step=self.job.steps,
                                                adapter=str(cached.path))
             return self.status[name]
-        status = self.status[name] = TrainingStatus("queued", steps=self.recipe.steps, key=key)
+        status = self.status[name] = TrainingStatus("queued", steps=self.job.steps, key=key)
         self._queue.append((name, artifact, status))
         self._wake.set()
         return status
 
     async def run(self, ready: Ready) -> None:
         """Train what is queued, one registry at a time, calling ``ready(name, adapter)`` after each; until
-        cancelled (the child is then killed)."""
-        try:
-            while True:
-                while not self._queue:
-                    self._wake.clear()
-                    await self._wake.wait()
-                name, artifact, status = self._queue.popleft()
-                try:
-                    record = await self._train(status, artifact)
-                    await ready(name, record)
-                except Exception as exc:  # the server goes on with what it had
-                    logger.exception("training an adapter for registry %r failed", name)
-                    status.state, status.error = "failed", status.error or f"{type(exc).__name__}: {exc}"
-                else:
-                    status.state, status.adapter = "ready", str(record.path)
-                finally:
-                    status.finished_at = time.time()
-        finally:
-            self.stop()
-
-    def stop(self) -> None:
-        """Kill the child that is training, if any."""
-        child = self._child
-        if child is not None and child.poll() is None:
-            child.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                child.wait(timeout=10)
+        cancelled (a child training is then stopped)."""
+        while True:
+            while not self._queue:
+                self._wake.clear()
+                await self._wake.wait()
+            name, artifact, status = self._queue.popleft()
+            try:
+                record = await self._train(status, artifact)
+                await ready(name, record)
+            except Exception as exc:  # the server goes on with what it had
+                logger.exception("training an adapter for registry %r failed", name)
+                status.state, status.error = "failed", status.error or f"{type(exc).__name__}: {exc}"
+            else:
+                status.state, status.adapter = "ready", str(record.path)
+            finally:
+                status.finished_at = time.time()
 
     async def _train(self, status: TrainingStatus, artifact: Artifact) -> AdapterRecord:
         output = self.directory(artifact)
+        status.state, status.started_at = "training", time.time()
+        deadline = time.monotonic() + self.time_limit_s
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        lock = os.open(self.cache_dir / f".{output.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            await self._lock(lock, status, deadline)
+            cached = self.cached(artifact)  # another process may have trained it while this one waited
+            if cached is not None:
+                status.step = self.job.steps
+                return cached
+            return await self._run_child(lock, status, artifact, output, deadline)
+        finally:
+            os.close(lock)  # the lock is free once the child, which inherited it, is gone too
+
+    async def _lock(self, lock: int, status: TrainingStatus, deadline: float) -> None:
+        """Take the key's lock, waiting while another process (a child a killed server left, another server on
+        this cache) holds it."""
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if status.phase != "waiting":
+                    logger.info("another process is training the adapter %s; waiting for it", status.key)
+                status.phase = "waiting"
+            if time.monotonic() > deadline:
+                status.error = (f"another process held the lock on this adapter for longer than the training's "
+                                f"time limit ({self.time_limit_s:g} s)")
+                raise TimeoutError(status.error)
+            await asyncio.sleep(_POLL_S)
+
+    async def _run_child(self, lock: int, status: TrainingStatus, artifact: Artifact, output: Path,
+                         deadline: float) -> AdapterRecord:
         work = self.cache_dir / f".{output.name}.work"
         work.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(artifact.save, work / "registry.trie")  # a large one takes a moment
         log = work / "train.log.jsonl"
         log.unlink(missing_ok=True)
-        command = [self.python, "-m", CHILD_MODULE, str(work / "registry.trie"), str(output),
-                   "--work", str(work), *self.recipe.arguments()]
-        if self.base_model is not None:
-            command += ["--base-model", self.base_model]
-        if not self.base_adapter:
-            command.append("--no-base-adapter")
-        status.state, status.phase, status.started_at = "training", "data", time.time()
+        command = self.job.command(work / "registry.trie", output, work=work, base_model=self.base_model,
+                                   base_adapter=self.base_adapter)
+        status.phase = "data"
         logger.info("training an adapter for registry %r (%d tools) in the background, into %s",
                     artifact.registry.name, artifact.trie.n_tools, output)
         with (work / "child.log").open("wb") as out:
-            self._child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL)
-            while self._child.poll() is None:
-                await asyncio.sleep(_POLL_S)
+            child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
+                                     start_new_session=True, pass_fds=(lock,),
+                                     env={**os.environ, LIFELINE_ENV: "stdin"})
+        try:
+            while child.poll() is None:
+                if time.monotonic() > deadline:
+                    status.error = (f"the training process was still running after its time limit "
+                                    f"({self.time_limit_s:g} s) and was killed")
+                    raise TimeoutError(status.error)
+                await asyncio.sleep(min(_POLL_S, max(0.0, deadline - time.monotonic())))
                 step = _last_step(log)
                 if step is not None:
                     status.phase, status.step = "steps", step
-        code, self._child = self._child.returncode, None
-        if code != 0:
+        finally:
+            await _stop(child)
+        if child.returncode != 0:
             tail = (work / "child.log").read_text(encoding="utf-8", errors="replace")[-_ERROR_TAIL:]
-            status.error = f"the training process exited with status {code}: {tail.strip()}"
+            status.error = f"the training process exited with status {child.returncode}: {tail.strip()}"
             raise RuntimeError(status.error)
-        status.step = self.recipe.steps
+        status.step = self.job.steps
         shutil.rmtree(work / "data", ignore_errors=True)  # the log stays, beside the adapter
-        return read_adapter(output)
+        record = read_adapter(output)
+        verify_adapter(record)
+        return record
+
+
+async def _stop(child: subprocess.Popen[bytes]) -> None:
+    """End ``child`` and everything in its session, without blocking the event loop: ``SIGTERM``, then after
+    ``STOP_GRACE_S`` ``SIGKILL``. Shielded: a cancelled caller still waits for the child to be gone."""
+
+    async def stop() -> None:
+        # The group is signalled only while the child is not reaped: its id cannot have been reused until then.
+        if child.poll() is None:
+            _signal_group(child.pid, signal.SIGTERM)
+            grace = time.monotonic() + STOP_GRACE_S
+            while child.poll() is None and time.monotonic() < grace:
+                await asyncio.sleep(0.05)
+        if child.poll() is None:
+            _signal_group(child.pid, signal.SIGKILL)
+            while child.poll() is None:
+                await asyncio.sleep(0.05)
+        if child.stdin is not None:
+            child.stdin.close()
+
+    task = asyncio.ensure_future(stop())
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise
+
+
+def _signal_group(pid: int, signal_number: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal_number)
 
 
 def _last_step(log: Path) -> int | None:

@@ -2,19 +2,22 @@
 
 A part is a package of ``tooltrie`` (``tooltrie.serve`` -> ``serve/``, as pyproject.toml maps them) or a module of
 ``tooltrie`` itself (``tooltrie.cli``, ``tooltrie.errors``, ...). Every import counts, the ones inside functions and
-under ``TYPE_CHECKING`` included: a part that needs another, even lazily, sits above it. Rerun with
+under ``TYPE_CHECKING`` included, and so does a module named in a string (``python -m tooltrie.train.job``,
+``importlib.import_module``): a part that needs another, even lazily or in another process, sits above it. Rerun with
 ``.venv/bin/python -m pytest tests/test_layout.py``.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ROOT = "tooltrie"
+DOTTED_NAME = re.compile(rf"{ROOT}(\.[A-Za-z_]\w*)+")
 
 
 def package_dirs(pyproject: Path = REPO / "pyproject.toml") -> dict[str, Path]:
@@ -48,8 +51,26 @@ def imported_modules(source: str, *, package: str) -> set[str]:
     return found
 
 
+def named_modules(source: str) -> set[str]:
+    """Every string in ``source`` that is a whole dotted name under ``tooltrie``: a module started or imported by
+    name (``[sys.executable, "-m", "tooltrie.train.job"]``). Names that are no module are dropped by the caller."""
+    return {node.value for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and DOTTED_NAME.fullmatch(node.value)}
+
+
+def module_names(dirs: Mapping[str, Path]) -> set[str]:
+    """The dotted name of every module of the mapped folders (packages included)."""
+    names = set()
+    for package, folder in dirs.items():
+        for path in folder.rglob("*.py"):
+            relative = path.relative_to(folder).with_suffix("").parts
+            names.add(".".join((package, *relative[: -1 if relative[-1] == "__init__" else None])))
+    return names
+
+
 def import_graph(dirs: Mapping[str, Path]) -> dict[str, set[str]]:
-    """{part: the other parts it imports}, over every .py file of the mapped folders."""
+    """{part: the other parts it imports or names}, over every .py file of the mapped folders."""
+    modules = module_names(dirs)
     graph: dict[str, set[str]] = {}
     for package, folder in dirs.items():
         for path in sorted(folder.rglob("*.py")):
@@ -61,8 +82,9 @@ def import_graph(dirs: Mapping[str, Path]) -> dict[str, set[str]]:
             if own is None:
                 continue
             inner_package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-            targets = {part_of(name) for name in imported_modules(path.read_text(encoding="utf-8"),
-                                                                  package=inner_package)}
+            source = path.read_text(encoding="utf-8")
+            named = {name for name in named_modules(source) if name in modules}
+            targets = {part_of(name) for name in imported_modules(source, package=inner_package) | named}
             graph.setdefault(own, set()).update(t for t in targets if t is not None and t != own)
     return graph
 
@@ -126,6 +148,20 @@ def test_a_planted_cycle_is_found(tmp_path: Path) -> None:
     dirs = {"tooltrie.low": tmp_path / "low", "tooltrie.high": tmp_path / "high"}
     assert cycles(import_graph(dirs)) == []
     (tmp_path / "low" / "late.py").write_text("def f():\n    from tooltrie.high import y\n")
+    assert cycles(import_graph(dirs)) == [["tooltrie.high", "tooltrie.low"]]
+
+
+def test_a_module_started_by_name_counts_as_imported(tmp_path: Path) -> None:
+    """``python -m tooltrie.high.job`` from ``low`` makes ``low`` need ``high`` as an import would; a string that
+    names no module (``"tooltrie.json"``, a file name) does not."""
+    for name, files in {"low": {"__init__.py": "NAME = 'tooltrie.json'\n"},
+                        "high": {"__init__.py": "", "job.py": "from tooltrie.low import NAME\n"}}.items():
+        (tmp_path / name).mkdir()
+        for file, text in files.items():
+            (tmp_path / name / file).write_text(text)
+    dirs = {"tooltrie.low": tmp_path / "low", "tooltrie.high": tmp_path / "high"}
+    assert cycles(import_graph(dirs)) == []
+    (tmp_path / "low" / "start.py").write_text("COMMAND = [sys.executable, '-m', 'tooltrie.high.job']\n")
     assert cycles(import_graph(dirs)) == [["tooltrie.high", "tooltrie.low"]]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,15 +29,16 @@ from support.serve_http import (
 )
 
 from tooltrie.compiler import compile_registry
-from tooltrie.ranker import Weights
+from tooltrie.ranker import MODEL_ONLY, UNTRAINED, Weights
 from tooltrie.ranker_policy import auto_ranker, fused_weights
 from tooltrie.serve.adapter import read_adapter
 from tooltrie.serve.engine import Engine, response
 from tooltrie.serve.model import load_model
 from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.service import DiscoveryService, ServedRegistry
-from tooltrie.serve.training import AdapterTrainer, Recipe
+from tooltrie.serve.training import AdapterTrainer
 from tooltrie.testing import tiny_llama
+from tooltrie.train.recipe import Recipe
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
 
@@ -52,18 +54,35 @@ def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_the_cache_key_names_everything_an_adapter_depends_on() -> None:
+def test_the_cache_key_names_everything_an_adapter_depends_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The artifact, the base, the recipe, the training code's version and the replayed data's bytes."""
+    import tooltrie.eval.datasets as datasets
+    import tooltrie.train.recipe as recipe_module
+
     tokenizer = smollm_tokenizer()
     tools = [{"name": name, "description": about} for name, about in catalog_tools(0, 6)]
     artifact = compile_registry(_registry(tools), tokenizer)
-    key = TINY.key(artifact, "f" * 64)
+    replaying = replace(TINY, replay="catalog")
+    key, replayed_key = TINY.key(artifact, "f" * 64), replaying.key(artifact, "f" * 64)
     assert key == TINY.key(compile_registry(_registry(tools), tokenizer), "f" * 64)  # the same inputs
     changed = [TINY.key(compile_registry(_registry(tools[:-1]), tokenizer), "f" * 64),  # the tools
                TINY.key(artifact, "e" * 64),  # the base model
                replace(TINY, steps=4).key(artifact, "f" * 64),  # the recipe
                replace(TINY, fused=Weights(1.0, 50.0)).key(artifact, "f" * 64)]
-    assert len({key, *changed}) == 1 + len(changed)
-    assert Recipe.from_json(TINY.arguments()[1]) == TINY
+    # The replayed sets' content under the same names: one labelled request less.
+    edited = tmp_path / "data"
+    shutil.copytree(datasets.DATA_DIR, edited)
+    single = edited / datasets.BUNDLED["metatool-single"].file
+    single.write_text("".join(single.read_text(encoding="utf-8").splitlines(keepends=True)[1:]), encoding="utf-8")
+    monkeypatch.setattr(datasets, "DATA_DIR", edited)
+    recipe_module._replayed_content.cache_clear()
+    changed.append(replaying.key(artifact, "f" * 64))
+    # The training code.
+    monkeypatch.setattr(recipe_module, "training_code_version", lambda: "0" * 64)
+    changed.append(TINY.key(artifact, "f" * 64))
+    recipe_module._replayed_content.cache_clear()
+    assert len({key, replayed_key, *changed}) == 2 + len(changed)
+    assert Recipe.from_json(TINY.to_json()) == TINY
 
 
 def test_a_registry_reloaded_while_its_adapter_trains_is_trained_again(tmp_path: Path) -> None:
@@ -72,7 +91,7 @@ def test_a_registry_reloaded_while_its_adapter_trains_is_trained_again(tmp_path:
     tokenizer = smollm_tokenizer()
     tools = [{"name": name, "description": about} for name, about in catalog_tools(0, 6)]
     first, second = (compile_registry(_registry(tools[:n]), tokenizer) for n in (6, 5))
-    trainer = AdapterTrainer(base_model=None, base_fingerprint="f" * 64, recipe=TINY, cache_dir=tmp_path)
+    trainer = AdapterTrainer(job=TINY, base_model=None, base_fingerprint="f" * 64, cache_dir=tmp_path)
     trained: list[str] = []
     release = asyncio.Event()
 
@@ -123,7 +142,7 @@ def test_a_server_trains_an_adapter_and_swaps_it_in_under_load(tmp_path: Path, b
     cache = tmp_path / "adapters"
 
     def service() -> DiscoveryService:
-        trainer = AdapterTrainer(base_model=str(base_dir), base_fingerprint=info.fingerprint, recipe=TINY,
+        trainer = AdapterTrainer(job=TINY, base_model=str(base_dir), base_fingerprint=info.fingerprint,
                                  cache_dir=cache)
         return DiscoveryService.from_paths([path], base, smollm_tokenizer(), cache_dir=tmp_path / "compiled",
                                            prompt=Prompt.style("short"), trainer=trainer)
@@ -167,7 +186,10 @@ def test_a_server_trains_an_adapter_and_swaps_it_in_under_load(tmp_path: Path, b
     assert again["state"] == "ready" and again["adapter"] == str(record.path)
     assert server.metric(metrics, "tooltrie_adapter_swaps_total", registry="tools") == 1
     assert server.metric(metrics, "tooltrie_adapter_training_steps", registry="tools") == TINY.steps
-    assert record.record["ranker"]["auto"] == "fused" and record.record["ranker"]["fused"] == TINY.fused.as_dict()
+    # Nothing was measured for it: its record gives the recipe's weights, no ``auto``, and it answers fused at them.
+    assert "auto" not in record.record["ranker"] and record.record["ranker"]["fused"] == TINY.fused.as_dict()
+    assert "not measured" in record.record["ranker"]["fused_from"]
+    assert auto_ranker(record, artifact, retrieval=True) == "fused" and fused_weights(record, artifact) == TINY.fused
     assert changed["adapter"] is None and changed["training"]["state"] in ("queued", "training")
     assert changed["tools"] == 11
 
@@ -189,16 +211,27 @@ def test_a_server_trains_an_adapter_and_swaps_it_in_under_load(tmp_path: Path, b
     assert second.registries()[0]["training"]["state"] == "ready"
 
 
-def test_an_adapter_trained_on_the_registry_ranks_as_its_record_says(tmp_path: Path) -> None:
-    """A registry-only adapter records the fused ranker (``auto``) with its weights; elsewhere it is untrained."""
+RECORDS_AND_RANKERS = [  # (the record's ranker entry, what --ranker auto picks on its registry)
+    ({"fused": {"model": 1.0, "retrieval": 100.0}, "fused_from": "a recipe"}, "fused"),  # nothing measured
+    ({"fused": {"model": 1.0, "retrieval": 20.0}, "chosen_on": "validation", "auto": "model",
+      "auto_chosen_on": "test"}, "model"),  # measured: the model alone ahead
+    ({"fused": {"model": 1.0, "retrieval": 20.0}, "chosen_on": "validation", "auto": "fused"}, "fused"),
+    ({}, "model"),  # nothing said at all: the model alone, as trained
+]
+
+
+@pytest.mark.parametrize(("ranker", "auto"), RECORDS_AND_RANKERS)
+def test_an_adapter_trained_on_the_registry_ranks_as_its_record_says(tmp_path: Path, ranker: dict[str, Any],
+                                                                     auto: str) -> None:
+    """``auto`` follows what was measured for the adapter; unmeasured weights answer fused; elsewhere untrained."""
     tokenizer = smollm_tokenizer()
     artifact = compile_registry(_registry([{"name": n, "description": d} for n, d in catalog_tools(0, 6)]), tokenizer)
     other = compile_registry(_registry([{"name": n, "description": d} for n, d in catalog_tools(6, 12)]), tokenizer)
-    record = _fake_record(tmp_path, artifact, {"auto": "fused", "fused": {"model": 1.0, "retrieval": 100.0}})
-    assert auto_ranker(record, artifact, retrieval=True) == "fused"
+    record = _fake_record(tmp_path, artifact, ranker)
+    assert auto_ranker(record, artifact, retrieval=True) == auto
     assert auto_ranker(record, artifact, retrieval=False) == "model"
-    assert fused_weights(record, artifact) == Weights(1.0, 100.0)
-    assert fused_weights(record, other) != Weights(1.0, 100.0)
+    assert auto_ranker(record, other, retrieval=True) == "fused" and fused_weights(record, other) == UNTRAINED
+    assert fused_weights(record, artifact) == (Weights(**ranker["fused"]) if "fused" in ranker else MODEL_ONLY)
 
 
 def test_a_registry_the_served_model_was_trained_on_is_not_trained_again(tmp_path: Path) -> None:
@@ -209,7 +242,7 @@ def test_a_registry_the_served_model_was_trained_on_is_not_trained_again(tmp_pat
     write_registry(other, "other", catalog_tools(6, 12))
     tokenizer = smollm_tokenizer()
     served = [ServedRegistry.load(file, tokenizer, Prompt(), cache_dir=tmp_path / "compiled") for file in (path, other)]
-    trainer = AdapterTrainer(base_model=None, base_fingerprint="f" * 64, recipe=TINY, cache_dir=tmp_path / "adapters")
+    trainer = AdapterTrainer(job=TINY, base_model=None, base_fingerprint="f" * 64, cache_dir=tmp_path / "adapters")
     service = DiscoveryService(tiny_llama(), tokenizer, served, trainer=trainer,
                                base_adapter=_fake_record(tmp_path, served[0].artifact, {}))
     assert [summary.get("training", {}).get("state") for summary in service.registries()] == [None, "queued"]

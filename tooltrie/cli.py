@@ -230,9 +230,14 @@ def _serve(args: argparse.Namespace) -> int:
         if not n.isdigit():
             raise SystemExit(f"tooltrie serve: error: --prefilter takes [REGISTRY=]N, got {setting!r}")
         prefilter[name or None] = int(n)
+    recipe = None
+    if args.train:  # the server starts the training job; it never imports the training code itself
+        from tooltrie.train.recipe import Recipe
+
+        recipe = Recipe()
     serve(registries=args.registry or [CATALOG_PATH], model=args.model, adapter=not args.base, tokenizer=args.tokenizer,
           host=args.host, port=args.port, limits=limits, policy=args.policy, prefilter=prefilter, dtype=args.dtype,
-          separator=args.separator, ranker=args.ranker, fused_weights=args.fused_weights, train=args.train,
+          separator=args.separator, ranker=args.ranker, fused_weights=args.fused_weights, train=recipe,
           vllm_url=args.vllm_url, vllm_model=args.vllm_model, vllm_artifacts=args.vllm_artifacts)
     return 0
 

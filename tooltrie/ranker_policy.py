@@ -1,8 +1,15 @@
 """Which ranker ``--ranker auto`` picks, and the fused ranker's weights, for a model and a registry.
 
-What a model's adapter was measured to rank best with holds on the registry it was trained on only: its record
-(``ranker`` in ``tooltrie.json``, ``tooltrie.serve.adapter``) is read there; anywhere else the model does not know
-the tools, and the retrieval prior leads (``UNTRAINED``).
+An adapter's record (``ranker`` in ``tooltrie.json``, ``tooltrie.serve.adapter``) says how its answers rank on the
+registry it was trained on, and only there; anywhere else the model does not know the tools, and the retrieval prior
+leads (``UNTRAINED``). The entry holds what was measured for that adapter, or says that nothing was:
+
+- ``auto``: the ranker a measurement on its registry chose, written only beside that measurement (``chosen_on``);
+- ``fused``: the fused ranker's weights, measured (``chosen_on``) or given by how it was trained (``fused_from``:
+  ``serve --train``'s recipe, or the prior weight it was trained through).
+
+Without ``auto``, nothing chose between the rankers for that adapter: it answers fused where the record gives fused
+weights (the prior is never a hard filter, and those weights are what its training was made for), else alone.
 """
 
 from __future__ import annotations
@@ -29,19 +36,21 @@ class TrainedAdapter(provenance.MadeFor, Protocol):
 
 def auto_ranker(adapter: TrainedAdapter | None, artifact: Artifact, *, retrieval: bool) -> str:
     """What ``--ranker auto`` ranks ``artifact``'s answers by, for a model with ``adapter``. On the registry the
-    adapter was trained on: what its record chose on its validation split (``ranker.auto``; the model alone when it
-    does not say). Elsewhere the fused ranker. Never a ranker that needs retrieval where it is not installed
-    (``retrieval``)."""
+    adapter was trained on: what a measurement there chose (``ranker.auto``), else fused where its record gives fused
+    weights, else the model alone. Elsewhere the fused ranker. Never a ranker that needs retrieval where it is not
+    installed (``retrieval``)."""
     if not retrieval:
         return "model"
     measured = _measured(adapter, artifact)
-    return "fused" if measured is None else str(measured.get("auto", "model"))
+    if measured is None:
+        return "fused"
+    return str(measured.get("auto", "fused" if "fused" in measured else "model"))
 
 
 def fused_weights(adapter: TrainedAdapter | None, artifact: Artifact) -> Weights:
     """The fused ranker's weights for a model with ``adapter`` on ``artifact``. On the registry the adapter was
-    trained on: the adapter's own (``ranker.fused`` in its record, chosen on its validation split), else the model
-    alone (nothing measured says retrieval helps it there). Anywhere else ``UNTRAINED``: a model that does not know
+    trained on: the adapter's own (``ranker.fused`` in its record), else the model alone (nothing says retrieval
+    helps it there). Anywhere else ``UNTRAINED``: a model that does not know
     the tools lets the retrieval prior lead."""
     measured = _measured(adapter, artifact)
     if measured is None:

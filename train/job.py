@@ -5,7 +5,8 @@ It regenerates training data from the registry's own text (``gen-data --no-queri
 ``--self-instruct`` when the recipe asks for it) and from the labelled requests of the bundled registry the recipe
 replays (the catalog's, by default), trains the recipe's LoRA adapter on the model as served, drawing from both, and
 writes it atomically to OUTPUT; the training log (one JSON line per step) goes to ``DIR/train.log.jsonl``, where the
-server reads the progress.
+server reads the progress. The command is ``train.recipe.Recipe.command``'s; started by a server, the job ends with
+it (``serve.lifeline.exit_with_server``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -20,13 +22,14 @@ from typing import TYPE_CHECKING
 
 from tooltrie.compiler.artifact import Artifact
 from tooltrie.serve.adapter import AdapterRecord, read_adapter
-from tooltrie.serve.training import Recipe
+from tooltrie.serve.lifeline import exit_with_server
+from tooltrie.train.recipe import Recipe, replayed_sets
 
 if TYPE_CHECKING:
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.train.data import TrainingData
 
-__all__ = ["main", "replayed_sets", "train_adapter"]
+__all__ = ["main", "train_adapter"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-base-adapter", dest="base_adapter", action="store_false",
                         help="train on the base model alone, without the adapter load_model would merge")
     args = parser.parse_args(argv)
+    exit_with_server()
+    # SIGTERM (the server stopping it) ends the job as an exception would: temporary directories are removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     with contextlib.suppress(OSError):
         os.nice(19)  # the server's requests come first
     train_adapter(Artifact.load(args.artifact), args.output, work=args.work, recipe=args.recipe,
@@ -87,24 +93,14 @@ def train_adapter(artifact: Artifact, output: Path, *, work: Path, recipe: Recip
                        lora=lora, seed=recipe.seed, threads=recipe.threads, eval_every=0, eval_examples=0,
                        prior_weight=prior_weight)
     base_name = DEFAULT_MODEL_NAME if info.name == DEFAULT_MODEL_NAME else str(info.path.resolve())
-    ranker = {"auto": "fused", "fused": recipe.fused.as_dict(),
-              "chosen_on": "BFCL's validation split, with an adapter trained by this recipe on BFCL's registry"}
+    # Nothing is measured for this adapter (its registry has no labelled requests): the record gives the recipe's
+    # weights for what they are, and no ``auto`` (``tooltrie.ranker_policy`` ranks it fused at them).
+    ranker = {"fused": recipe.fused.as_dict(),
+              "fused_from": "the recipe, chosen once on BFCL's validation split with an adapter it trained on BFCL's "
+                            "registry; not measured for this adapter"}
     train(data, artifact, model, base_name=base_name, output=output, settings=settings,
           log_path=work / "train.log.jsonl", progress=False, ranker=ranker, also=also, partners=partners)
     return read_adapter(output)
-
-
-def replayed_sets(registry: str) -> tuple[list[str], Path]:
-    """The bundled labelled sets of the bundled registry named ``registry`` ("catalog": MetaTool's two, "bfcl"), and
-    that registry's file."""
-    from tooltrie.eval.datasets import BUNDLED, registry_path
-
-    sets = [name for name in BUNDLED if registry_path(name).stem == registry]
-    if not sets:
-        names = sorted({registry_path(name).stem for name in BUNDLED})
-        raise ValueError(f"recipe: replay {registry!r} is not a bundled registry with labelled requests; "
-                         f"choose one of {', '.join(names)}")
-    return sets, registry_path(sets[0])
 
 
 def _replay_data(directory: Path, artifact: Artifact, tokenizer: TokenizerInfo, sets: list[str], path: Path, *,

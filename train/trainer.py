@@ -101,8 +101,8 @@ def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str,
     record = _record(data, also, artifact, settings, base_name=base_name, base_fingerprint=base_fingerprint,
                      loop=loop, seconds=seconds, parameters=sum(t.numel() for t in tensors.values()))
     if ranker is None and settings.prior_weight > 0:  # trained to add to the prior: answers rank as they trained
-        ranker = {"auto": "fused", "fused": {"model": 1.0, "retrieval": settings.prior_weight},
-                  "chosen_on": "the prior weight it was trained through"}
+        ranker = {"fused": {"model": 1.0, "retrieval": settings.prior_weight},
+                  "fused_from": "the prior weight it was trained through; nothing measured"}
     if ranker is not None:
         record["ranker"] = dict(ranker)
     # peft writes the base's load path (a cache folder of the training machine); the record's name says it anywhere.
