@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,15 @@ from tooltrie.testing import tiny_llama
 pytestmark = pytest.mark.usefixtures("loopback_only")
 
 SUPPORT = Path(__file__).parent / "support"
+
+
+@pytest.fixture(autouse=True)
+def no_child_left(tmp_path: Path) -> Iterator[None]:
+    """Whatever a test leaves (a failing one, say), no stand-in child outlives it."""
+    yield
+    for word, pid in events(tmp_path / "jobs"):
+        if word == "started" and alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _registry(tmp_path: Path) -> Path:
@@ -136,7 +147,7 @@ def test_two_trainers_on_one_cache_train_an_adapter_once(tmp_path: Path) -> None
                 run.cancel()
             await asyncio.gather(*runs, return_exceptions=True)
 
-    listings = asyncio.run(scenario())
+    listings = asyncio.run(asyncio.wait_for(scenario(), 120))
     [pid] = [pid for word, pid in events(jobs) if word == "started"]
     assert events(jobs) == [("started", pid), ("landed", pid)]
     assert listings[0]["adapter"]["path"] == listings[1]["adapter"]["path"]
@@ -166,28 +177,27 @@ def test_stopping_the_trainer_never_blocks_the_event_loop(tmp_path: Path) -> Non
     jobs.mkdir()
     service = _service(_registry(tmp_path), tmp_path, StubJob(jobs, "stubborn"))
 
-    async def scenario() -> tuple[int, int]:
-        ticks = 0
+    async def scenario() -> int:
+        ticks_while_stopping = 0  # loop turns after the child got SIGTERM, while it is still alive
 
-        async def tick() -> None:
-            nonlocal ticks
+        async def tick(pid: int) -> None:
+            nonlocal ticks_while_stopping
             while True:
                 await asyncio.sleep(0.01)
-                ticks += 1
+                ticks_while_stopping += ("term", pid) in events(jobs) and alive(pid)
 
-        ticker = asyncio.create_task(tick())
         run = asyncio.create_task(service.run_training())
-        await asyncio.to_thread(_started, jobs, 1)
+        [pid] = await asyncio.to_thread(_started, jobs, 1)
+        ticker = asyncio.create_task(tick(pid))
         run.cancel()
-        before = ticks
         with contextlib.suppress(asyncio.CancelledError):
             await run
         ticker.cancel()
-        return before, ticks
+        return ticks_while_stopping
 
-    before, after = asyncio.run(scenario())
+    ticks = asyncio.run(asyncio.wait_for(scenario(), 120))
     [pid] = [pid for word, pid in events(jobs) if word == "started"]
-    assert after > before  # the loop ran while the child was being stopped
+    assert ticks > 1  # the loop ran during the grace period (blocked, it could not turn once before SIGKILL)
     assert not alive(pid)
 
 
@@ -206,7 +216,7 @@ def test_a_damaged_cached_adapter_is_trained_again_never_served(tmp_path: Path, 
         run.cancel()
         await asyncio.gather(run, return_exceptions=True)
 
-    asyncio.run(train(first))
+    asyncio.run(asyncio.wait_for(train(first), 120))
     adapter = Path(first.trainer.status["tools"].adapter or "")  # type: ignore[union-attr]
     weights, record = adapter / ADAPTER_WEIGHTS_FILE, adapter / RECORD_FILE
     if damage == "truncated":
@@ -221,7 +231,7 @@ def test_a_damaged_cached_adapter_is_trained_again_never_served(tmp_path: Path, 
     assert again.served("tools").adapter is None  # never served
     assert again.registries()[0]["training"]["state"] == "queued"
     assert any("is not used, and is trained again" in message for message in caplog.messages)
-    asyncio.run(train(again))
+    asyncio.run(asyncio.wait_for(train(again), 120))
     assert again.registries()[0]["training"]["state"] == "ready"
     assert again.served("tools").adapter is not None and again.served("tools").adapter.path == adapter
     assert [word for word, _ in events(jobs)] == ["started", "landed"] * 2

@@ -6,7 +6,7 @@ job, calls ``exit_with_server()`` first, then appends ``started PID`` to ``event
 - ``block``: waits for the file ``events/release``, then writes a small adapter that fits ``tiny_llama`` (zero
   updates on one layer) and appends ``landed PID``;
 - ``hang``: sleeps for ever;
-- ``stubborn``: sleeps for ever and ignores ``SIGTERM``.
+- ``stubborn``: sleeps for ever; a ``SIGTERM`` only appends ``term PID``.
 
 At its start it appends ``overlap PID`` if another stub started and not landed is still alive: two trainers at once.
 """
@@ -85,11 +85,11 @@ def main(artifact_file: str, output: str, directory: str, behaviour: str) -> Non
     from tooltrie.serve.lifeline import exit_with_server
 
     exit_with_server()
-    if behaviour == "stubborn":
+    events_dir = Path(directory)
+    if behaviour == "stubborn":  # notes the SIGTERM, and goes on
         import signal
 
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    events_dir = Path(directory)
+        signal.signal(signal.SIGTERM, lambda *_: _note(events_dir, "term"))
     started = {pid for word, pid in events(events_dir) if word == "started"}
     landed = {pid for word, pid in events(events_dir) if word == "landed"}
     if any(alive(pid) for pid in started - landed):
