@@ -21,10 +21,9 @@ import numpy as np
 import numpy.typing as npt
 
 from tooltrie.compiler.artifact import Artifact
-from tooltrie.kernels import walk as walk_columns  # the state row's layout
 from tooltrie.kernels.batch import TrieBatch
 from tooltrie.kernels.bitmask import allowed_tokens, get_bitmask_shape
-from tooltrie.kernels.state import DONE, ERROR, check_k, check_subset
+from tooltrie.kernels.state import DONE, ERROR, RUNNING, check_k, check_subset
 
 
 class TrieMatcher:
@@ -44,7 +43,9 @@ class TrieMatcher:
         self.reasoning_end_id = reasoning_end_id
         self._batch = TrieBatch(artifact, backend=backend, capacity=1, reasoning_end_id=reasoning_end_id)
         self._batch.add(0, k, thinking=reasoning_end_id is not None, subset=allowed)
-        self._history = [self._batch.checkpoint(0)]  # the row after each accepted token (a few ints each)
+        # The row after each accepted token (a few ints each): what ``rollback`` restores. The matcher's state is the
+        # batch's row, read there; the history is never read for it.
+        self._history = [self._batch.checkpoint(0)]
         self._scratch = np.empty(get_bitmask_shape(1, artifact.max_token_id + 1), dtype=np.int32)
 
     @property
@@ -54,17 +55,17 @@ class TrieMatcher:
 
     @property
     def _thinking(self) -> bool:
-        return bool(self._history[-1][walk_columns.THINKING])
+        return bool(self._batch.fetch().thinking[0])
 
     @property
     def _status(self) -> int:
-        return int(self._history[-1][walk_columns.STATUS])
+        return self._batch.status(0)
 
     def legal_tokens(self) -> list[int] | None:
         """The legal next tokens in ascending order, or None while thinking (then anything but stop is legal)."""
         if self._thinking:
             return None
-        if self._status != walk_columns.RUNNING:
+        if self._status != RUNNING:
             return []
         self._batch.fill_bitmask(self._scratch)
         self._batch.restore(0, self._history[-1])  # a row with nothing legal was put in error: not by a query
@@ -73,7 +74,7 @@ class TrieMatcher:
 
     def accept_token(self, token: int) -> bool:
         """Advance by ``token`` if legal; an illegal token is refused and changes nothing."""
-        if self._status != walk_columns.RUNNING:
+        if self._status != RUNNING:
             return False
         self._batch.accept([[int(token)]])
         if self._batch.status(0) == ERROR:
@@ -107,9 +108,7 @@ class TrieMatcher:
         return not self._thinking and not self.is_terminated() and not self.legal_tokens()
 
     def tools(self) -> list[int]:
-        row = self._history[-1]
-        used: list[int] = row[walk_columns.USED : walk_columns.USED + row[walk_columns.EMITTED]].tolist()
-        return used
+        return self._batch.tools(0)
 
     def tool_names(self) -> list[str]:
         return [self.artifact.registry.tools[t].name for t in self.tools()]

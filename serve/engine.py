@@ -19,13 +19,16 @@ The trie state is one persistent batch state (``kernels/batch.py``), a row per c
 (the fused kernels, on the model's GPU), or ``"reference"`` (the readable oracle, for tests). At a decision point
 one ``choose_sparse`` call for every deciding row computes the legal tokens' dot products, the choice, the numbers
 its score needs (best, runner-up, log-sum-exp, how many tokens were legal) and the forced run after it; the engine
-only routes tokens. Rows thinking (a reasoning model before its end marker) take the full head in torch, and hand
-their token to the state with ``accept``.
+only routes tokens. Rows thinking (a reasoning model before its end marker) and rows without a grammar
+(``constrained=False``) take the full head, in one product for all of them; a thinking row chooses through the
+state (``choose``), which sees its end marker. The trie state is read from the batch state only: a row here holds
+what is the engine's (tokens to feed, scores, an end the engine gives), never a copy of a status.
 
 Slots join and leave between steps (continuous batching): a finished answer's row is dropped from the key/value
-cache, and a waiting request is prefilled and merged in. Choices follow the trie decoder's rule (argmax over legal
-tokens, ties to the lower id), so the engine picks what the reference decoder picks on the full head's logits.
-Rows without a grammar (``constrained=False``) decode plainly with the full head.
+cache, and a waiting request is merged in, its prompt read ``prefill`` tokens a pass, so a long query is read in chunks
+beside the others' steps and never holds the batch for more than one slice; a cancelled row leaves before the next
+pass. Choices follow the trie decoder's rule (argmax over legal tokens, ties to
+the lower id), so the engine picks what the reference decoder picks on the full head's logits.
 """
 
 from __future__ import annotations
@@ -47,9 +50,12 @@ from tooltrie.ranker import MODEL_ONLY, Prior, Ranker, RankerError, check_ranker
 from tooltrie.registry.subsets import select_tools
 from tooltrie.serve.adapter import AdapterRecord, low_rank_updates
 from tooltrie.serve.decoder import Prefix, SharedPrefixDecoder
+from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.prompt import Prompt
 
 _RUNS_CACHED = 4096  # decision points whose speculated runs an engine keeps (the catalog's k = 1 answers need one)
+# Prompt tokens (after the cached prefix) a row reads per pass: serving's default, whose limits say why.
+PREFILL_TOKENS = ServeLimits.prefill_tokens
 
 
 @dataclass(frozen=True)
@@ -93,21 +99,22 @@ class Answer:
 
 @dataclass
 class _Row:
-    """A request being decoded: what to feed next, and its running totals (its trie state is its cache slot's row of
-    the engine's batch state)."""
+    """A request being decoded: what to feed next, and its running totals. Its trie state (node, tools, status,
+    thinking) is its cache slot's row of the engine's batch state, read there, never copied; its keys and values are
+    the decoder's, in the same slot."""
 
     request: Request
-    pending: list[int]  # tokens chosen but not yet fed to the model
+    prompt: list[int]  # prompt tokens not yet fed (after the cached prefix): fed in chunks, ``Engine.prefill`` a step
+    pending: list[int]  # tokens chosen but not yet fed to the model (after the prompt)
     started: float
     prompt_tokens: int
     token_ids: list[int] = field(default_factory=list)
     forward_passes: int = 0
     decision_points: int = 0
     scores: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # tool index -> (logprob, margin)
-    finish_reason: str | None = None
+    ended: str | None = None  # an end the engine gives: "length", "cancelled"; "stop"/"error" where no trie says so
     hidden: torch.Tensor | None = None  # the last hidden state, fresh after each forward pass
     cache_slot: int = -1  # the row's place in the decoder's key/value cache while it is in the batch
-    thinking: bool = False  # still before the reasoning-end marker
     runs: list[tuple[int, ...]] = field(default_factory=list)  # speculated runs fed after the row in the last pass
     run_hidden: list[torch.Tensor] = field(default_factory=list)  # their last hidden states
     speculated: int = 0
@@ -125,13 +132,18 @@ class Engine:
 
     def __init__(self, model: Any, tokenizer: TokenizerInfo, artifact: Artifact, *, max_batch: int = 16,
                  prompt: Prompt | None = None, backend: str | None = None, speculate: int = 16,
-                 ranker: Ranker | None = None, adapter: AdapterRecord | None = None) -> None:
+                 ranker: Ranker | None = None, adapter: AdapterRecord | None = None,
+                 prefill: int = PREFILL_TOKENS) -> None:
         artifact.check_compatible(tokenizer=tokenizer, where="engine")
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         if speculate < 0:
             raise ValueError(f"speculate must be at least 0, got {speculate}")
+        if prefill < 1:
+            raise ValueError(f"prefill must be at least 1, got {prefill}")
         self.speculate = speculate  # most speculated tokens per row and pass (0: none)
+        self.prefill = prefill  # most prompt tokens a row reads per pass (a long prompt is read in chunks)
+        self.last_prefill = 0  # the most prompt tokens a row read in the last step's pass
         self.ranker = ranker
         self._runs_after: dict[bytes, list[tuple[int, ...]]] = {}  # a decision point -> the runs worth speculating
         self.reasoning_end_id = tokenizer.reasoning_end_id
@@ -201,7 +213,8 @@ class Engine:
         """An engine like this one (model, artifact, prompt, ranker, adapter, backend, limits) with no rows: what
         serving swaps in when a step failed and this one's state can no longer be trusted."""
         return Engine(self.model, self.tokenizer, self.artifact, max_batch=self.max_batch, prompt=self.prompt,
-                      backend=self.backend, speculate=self.speculate, ranker=self.ranker, adapter=self.adapter)
+                      backend=self.backend, speculate=self.speculate, ranker=self.ranker, adapter=self.adapter,
+                      prefill=self.prefill)
 
     def submit(self, request: Request) -> int:
         """Queue a request; it joins the running batch at a later ``step``. Returns its ticket. Its prior is made
@@ -221,14 +234,15 @@ class Engine:
         return prior
 
     def cancel(self, ticket: int) -> bool:
-        """Drop a request (e.g. its client left): it leaves the queue, or its slot is freed at the next step."""
+        """Drop a request (e.g. its client left): it leaves the queue, or its slot is freed at the next step, before
+        the pass (a long prompt's later chunks are never read)."""
         for entry in self._waiting:
             if entry[0] == ticket:
                 self._waiting.remove(entry)
                 return True
         for index, row in self._active:
-            if index == ticket and row.finish_reason is None:
-                row.finish_reason = "cancelled"
+            if index == ticket and self._finish_reason(row) is None:
+                row.ended = "cancelled"
                 return True
         return False
 
@@ -243,17 +257,19 @@ class Engine:
         return len(self._active), len(self._waiting)
 
     def step(self) -> dict[int, Answer]:
-        """Admit waiting requests into free slots, run one forward pass over the batch (the newcomers' prompts and
-        the others' next tokens together), and return the answers that finished (by ticket). A request whose
-        decoding fails ends with ``finish_reason="error"`` without touching its neighbours."""
+        """Admit waiting requests into free slots, run one forward pass over the batch (the next chunk of each prompt
+        still being read, up to ``prefill`` tokens, and the others' next tokens together), and return the answers
+        that finished (by ticket). A request whose decoding fails ends with ``finish_reason="error"`` without
+        touching its neighbours."""
         finished: dict[int, Answer] = {}
+        self.last_prefill = 0
         with torch.inference_mode():
             self._evict(finished)  # cancelled rows leave before the pass
-            prompts = self._admit_waiting(finished)
+            self._admit_waiting(finished)
             if self._active:
                 rows = [row for _, row in self._active]
-                self._run(rows, [prompts.get(ticket, []) for ticket, _ in self._active])
-                self._decide_all(rows)
+                self._run(rows)
+                self._decide_all([row for row in rows if not row.prompt])  # a row reading its prompt decides later
                 self._evict(finished)
         return finished
 
@@ -272,49 +288,59 @@ class Engine:
                               "reasoning-end marker (</think> or the like)")
         return allowed
 
-    def _admit_waiting(self, finished: dict[int, Answer]) -> dict[int, list[int]]:
-        """Waiting requests take free slots and join the batch; returns the prompt tokens (after the cached
-        prefix) each admitted ticket feeds in the coming pass. One forced from start to stop is answered here."""
-        prompts: dict[int, list[int]] = {}
+    def _admit_waiting(self, finished: dict[int, Answer]) -> None:
+        """Waiting requests take free slots and join the batch. One forced from start to stop is answered here."""
         while self._waiting and self._free_slots and len(self._active) < self.max_batch:
             ticket, request, allowed, prior = self._waiting.popleft()
-            row, feed = self._admit(request, allowed, prior)
-            if row.finish_reason is not None:  # nothing for the model to decide
+            row = self._admit(request, allowed, prior)
+            if self._finish_reason(row) is not None:  # nothing for the model to decide: the slot was never used
                 finished[ticket] = self._finish(row)
+                self._release(row)
             else:
                 self._active.append((ticket, row))
-                prompts[ticket] = feed
-        return prompts
 
     def _evict(self, finished: dict[int, Answer]) -> None:
         """Finished rows leave the batch and free their cache slot; their answers are handed out (a cancelled
         one is dropped)."""
         still = []
         for ticket, row in self._active:
-            if row.finish_reason is None:
+            reason = self._finish_reason(row)
+            if reason is None:
                 still.append((ticket, row))
                 continue
+            if reason != "cancelled":
+                finished[ticket] = self._finish(row)  # before the slot's trie state is freed
             self.decoder.release(row.cache_slot)
             self._release(row)
-            if row.finish_reason != "cancelled":
-                finished[ticket] = self._finish(row)
         self._active = still
+
+    def _finish_reason(self, row: _Row) -> str | None:
+        """Why the row's answer is over (None: it goes on): the engine's own reason, else its trie state's (the
+        host copy, fetched after the batch's last call)."""
+        if row.ended is not None or not row.request.constrained:
+            return row.ended
+        status = self.batch.state.status[row.cache_slot]
+        return "stop" if status == DONE else "error" if status == ERROR else None
+
+    def _thinking(self, row: _Row) -> bool:
+        """A reasoning model still before its end marker (its trie state says so; a row without a grammar has none
+        and decodes freely)."""
+        return row.request.constrained and bool(self.batch.state.thinking[row.cache_slot])
 
     def _release(self, row: _Row) -> None:
         if row.request.constrained:
             self.batch.remove(row.cache_slot)
         self._free_slots.append(row.cache_slot)
 
-    def _admit(self, request: Request, allowed: frozenset[int] | None,
-               prior: Prior | None) -> tuple[_Row, list[int]]:
-        """A new request's row (holding a cache slot, on its prefix) and the tokens to feed it first."""
+    def _admit(self, request: Request, allowed: frozenset[int] | None, prior: Prior | None) -> _Row:
+        """A new request's row, holding a cache slot, on its prefix, with the rest of its prompt to feed."""
         prefix_text, prefix, suffix = self._prefix(request.k)
         # The prompt is tokenized whole, as the model would see it; the cached prefix serves as far as the two
         # agree (a query starting with a newline can merge with the prefix's last token).
         prompt_ids = self.tokenizer.encode_prompt(prefix_text, request.query, suffix)  # the query as plain text
         shared = shared_prefix_length(prefix.ids, prompt_ids)
-        row = _Row(request=request, pending=[], started=time.perf_counter(), prompt_tokens=len(prompt_ids),
-                   thinking=request.reasoning, cache_slot=self._free_slots.pop())
+        row = _Row(request=request, prompt=prompt_ids[shared:], pending=[], started=time.perf_counter(),
+                   prompt_tokens=len(prompt_ids), cache_slot=self._free_slots.pop())
         if request.constrained:
             if prior is not None:
                 row.ranker = prior.weights.as_dict()
@@ -325,22 +351,30 @@ class Engine:
                 forced = self.batch.follow_forced([row.cache_slot])[0]
                 self.batch.fetch()
                 self._take(row, [], forced)
-        if row.finish_reason is None:
-            self.decoder.start(row.cache_slot, prefix, shared)
-        else:  # forced from start to stop: the slot was never used
-            self._release(row)
-        return row, prompt_ids[shared:]
+        self.decoder.start(row.cache_slot, prefix, shared)
+        return row
 
-    def _run(self, rows: list[_Row], prompts: list[list[int]]) -> None:
-        """Feed each row its prompt part (if any) and pending tokens, with its speculated runs, in one forward pass.
-        In float32 only a row's first pass (its prompt's) carries runs: a few tokens more on some dozens there,
-        while on a later pass of a few tokens they cost more than the passes they save; in half precision, where
-        the CPU's matrix units make a few more rows nearly free, every pass does (measured, default model, k = 3,
-        runs on every pass against the prompt's only: bfloat16 -19 ms per answer, float32 +26 ms)."""
-        feeds = [prompt + row.pending for row, prompt in zip(rows, prompts, strict=True)]
+    def _run(self, rows: list[_Row]) -> None:
+        """Feed each row its prompt's next chunk (``prefill`` tokens at most) and, once its prompt is all read, its
+        pending tokens, with its speculated runs, in one forward pass. An ordinary query is read in one pass; a long
+        one a chunk a pass, beside the others' steps, so it adds at most ``prefill`` tokens to any pass.
+
+        In float32 only a row's first decision (its prompt's last pass) carries runs: a few tokens more on some
+        dozens there, while on a later pass of a few tokens they cost more than the passes they save; in half
+        precision, where the CPU's matrix units make a few more rows nearly free, every pass does (measured, default
+        model, k = 3, runs on every pass against the prompt's only: bfloat16 -19 ms per answer, float32 +26 ms)."""
         self.batch.fetch()  # the host's copy of the trie state, for the runs (a device backend copies it back)
-        for row, prompt in zip(rows, prompts, strict=True):
-            row.runs = self._speculated_runs(row) if prompt or self._runs_every_pass else []
+        feeds = []
+        for row in rows:
+            chunk = row.prompt[: self.prefill]
+            del row.prompt[: self.prefill]
+            self.last_prefill = max(self.last_prefill, len(chunk))
+            if row.prompt:  # more of the prompt to come: nothing chosen is fed yet, nothing is speculated
+                feeds.append(chunk)
+                row.runs = []
+            else:
+                feeds.append(chunk + row.pending)
+                row.runs = self._speculated_runs(row) if chunk or self._runs_every_pass else []
         hidden = self.decoder.forward([row.cache_slot for row in rows], feeds, [row.runs for row in rows])
         after = len(rows)
         for i, row in enumerate(rows):
@@ -348,14 +382,15 @@ class Engine:
             row.run_hidden = list(hidden[after : after + len(row.runs)])
             after += len(row.runs)
             row.forward_passes += 1
-            row.token_ids += row.pending
-            row.pending = []
+            if not row.prompt:
+                row.token_ids += row.pending
+                row.pending = []
 
     def _speculated_runs(self, row: _Row) -> list[tuple[int, ...]]:
         """The runs from the row's coming decision to the next one within the same name (each legal token, then
         what the trie forces after it), up to ``speculate`` tokens in all: what the pass after this one would be
         fed, if the choice falls on one of them. Cached by the row's state (and its subset)."""
-        if not self.speculate or not row.request.constrained or row.thinking:
+        if not self.speculate or not row.request.constrained or self._thinking(row):
             return []
         state = self.batch.state
         key = state.table[row.cache_slot].tobytes() + (state.allowed[row.cache_slot].tobytes()
@@ -380,7 +415,7 @@ class Engine:
         runs, hidden = row.runs, row.run_hidden
         row.runs, row.run_hidden = [], []
         pending = tuple(row.pending)
-        if row.finish_reason is not None or pending not in runs:
+        if self._finish_reason(row) is not None or pending not in runs:
             return False
         run = runs.index(pending)
         self.decoder.adopt(row.cache_slot, run)
@@ -392,15 +427,15 @@ class Engine:
 
     def _decide(self, rows: list[_Row]) -> None:
         """One decision for each row: every constrained one in one ``choose_sparse`` call (the choice, its numbers
-        and the forced run after it); rows thinking or without a grammar take the full head (``_decide_plain``)."""
-        deciding = []
+        and the forced run after it); rows thinking or without a grammar in one full-head product
+        (``_decide_full_head``)."""
+        deciding, full_head = [], []
         for row in rows:
-            if row.finish_reason is not None:
+            if self._finish_reason(row) is not None:
                 continue
-            if not row.request.constrained or row.thinking:
-                self._decide_plain(row)
-            else:
-                deciding.append(row)
+            (full_head if not row.request.constrained or self._thinking(row) else deciding).append(row)
+        if full_head:
+            self._decide_full_head(full_head)
         if not deciding:
             return
         hidden = torch.stack([row.hidden for row in deciding])  # type: ignore[misc]  # each after a forward pass
@@ -417,50 +452,50 @@ class Engine:
                 row.scores.setdefault(tool_index, []).append((best - log_total, best - runner_up))
             self._take(row, [int(choice.chosen[i])], choice.forced[i])
 
-    def _decide_plain(self, row: _Row) -> None:
-        """A row thinking or without a grammar: argmax over the full head."""
-        hidden = row.hidden
-        assert hidden is not None  # every decision follows a forward pass
-        if row.thinking:  # a reasoning model thinks freely (the batch state keeps it from stopping before its answer)
-            logits = (self.head @ hidden).float()[None]
-            choice = self.batch.choose(logits if logits.is_cuda else logits.numpy(), [row.cache_slot])
+    def _decide_full_head(self, rows: list[_Row]) -> None:
+        """Rows thinking or without a grammar: argmax over the full head, one product for them all. A thinking row
+        chooses through its trie state (which keeps it from stopping before its answer, and sees the end marker);
+        a row without a grammar takes the plain argmax (ties to the lower id, as ``torch.argmax``)."""
+        hidden = torch.stack([row.hidden for row in rows])  # type: ignore[misc]  # each after a forward pass
+        logits = (hidden.to(self.head.dtype) @ self.head.T).float()
+        thinking = [i for i, row in enumerate(rows) if row.request.constrained]
+        if thinking:
+            scores = logits[thinking]
+            choice = self.batch.choose(scores if scores.is_cuda else scores.numpy(),
+                                       [rows[i].cache_slot for i in thinking])
             self.batch.fetch()
-            token = int(choice.chosen[0])
-            row.thinking = token != self.reasoning_end_id
-            if len(row.token_ids) + 1 >= row.request.max_new_tokens and row.thinking:
+            for j, (i, forced) in enumerate(zip(thinking, choice.forced, strict=True)):
+                row, token = rows[i], int(choice.chosen[j])
+                if len(row.token_ids) + 1 >= row.request.max_new_tokens and self._thinking(row):
+                    row.token_ids.append(token)
+                    row.pending, row.ended = [], "length"
+                else:
+                    self._take(row, [token], forced)
+        plain = [i for i, row in enumerate(rows) if not row.request.constrained]
+        for i, token in zip(plain, logits[plain].argmax(dim=1).tolist() if plain else [], strict=True):
+            row = rows[i]
+            row.pending = [token]
+            if token == self.artifact.eos_id or len(row.token_ids) + 1 >= row.request.max_new_tokens:
                 row.token_ids.append(token)
-                row.pending, row.finish_reason = [], "length"
-                return
-            self._take(row, [token], choice.forced[0])
-            return
-        # no grammar: plain greedy over the full head
-        token = int(torch.argmax(self.head @ hidden))
-        row.pending = [token]
-        if token == self.artifact.eos_id:
-            row.token_ids.append(token)
-            row.pending, row.finish_reason = [], "stop"
-        elif len(row.token_ids) + 1 >= row.request.max_new_tokens:
-            row.token_ids.append(token)
-            row.pending, row.finish_reason = [], "length"
+                row.pending, row.ended = [], "stop" if token == self.artifact.eos_id else "length"
 
     def _take(self, row: _Row, chosen: list[int], forced: list[int]) -> None:
         """The row's chosen token (if any) and the run the trie forced after it join what it feeds next; the trie
-        state says whether the answer is complete or failed."""
-        if chosen and chosen[0] < 0:  # nothing was legal: fail loudly
-            row.finish_reason = "error"
+        state says whether the answer is complete or failed (``_finish_reason``)."""
+        if chosen and chosen[0] < 0:  # nothing was legal: fail loudly (the trie state says error; nothing more is fed)
+            if self._finish_reason(row) is None:
+                row.ended = "error"
             return
         row.pending += chosen + forced
-        status = self.batch.state.status[row.cache_slot]  # fetched by the caller after the batch's call
-        if status == DONE:
+        if self._finish_reason(row) == "stop":
             row.token_ids += row.pending
-            row.pending, row.finish_reason = [], "stop"
-        elif status == ERROR:
-            row.finish_reason = "error"
+            row.pending = []
 
     def _finish(self, row: _Row) -> Answer:
         names = self.artifact.registry.names
         tools = []
-        if row.request.constrained and row.finish_reason == "stop":
+        reason = self._finish_reason(row) or "error"
+        if row.request.constrained and reason == "stop":
             for rank, tool in enumerate(self.batch.state.tools(row.cache_slot)):  # fetched when its status was read
                 decisions = row.scores.get(rank, [])
                 tools.append(ToolChoice(
@@ -469,7 +504,7 @@ class Engine:
         ids = [t for t in row.token_ids if t != self.artifact.eos_id]
         if row.request.reasoning and self.reasoning_end_id in ids:  # the answer is what follows the thinking
             ids = ids[ids.index(self.reasoning_end_id) + 1 :]
-        return Answer(tools=tools, finish_reason=row.finish_reason or "error", token_ids=row.token_ids,
+        return Answer(tools=tools, finish_reason=reason, token_ids=row.token_ids,
                       text=self.tokenizer.decode(ids), forward_passes=row.forward_passes,
                       decision_points=row.decision_points, prompt_tokens=row.prompt_tokens,
                       latency_ms=(time.perf_counter() - row.started) * 1e3, speculated=row.speculated,

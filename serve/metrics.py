@@ -12,6 +12,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 # Seconds: a tiny model answers in milliseconds, SmolLM2 on a CPU in about 0.2-2 s, a long queue in tens of seconds.
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+# Prompt tokens a request read in one pass: bounded by ``ServeLimits.prefill_tokens`` (64 by default).
+PREFILL_BUCKETS = (8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 class ServeMetrics:
@@ -32,6 +34,10 @@ class ServeMetrics:
         self.batch_rows = Histogram(
             "tooltrie_batch_rows", "Rows decoded in each engine step (admission, then a forward pass), by registry",
             ["registry"], buckets=BATCH_BUCKETS, registry=self.registry)
+        self.prefill_tokens = Histogram(
+            "tooltrie_prefill_tokens", "Prompt tokens one request read in an engine step (the largest of the step's "
+            "rows), by registry: a long query is read in chunks of at most ServeLimits.prefill_tokens",
+            ["registry"], buckets=PREFILL_BUCKETS, registry=self.registry)
         self.cancelled = Counter(
             "tooltrie_cancelled_requests", "Requests cancelled (timeout or client gone) by where they were: "
             "waiting (never decoded) or decoding (their slot freed at the next step)",

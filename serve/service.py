@@ -296,8 +296,8 @@ class DiscoveryService:
         if ranker is not None and self.default_ranker(served) != "model":
             ranker.tool_embeddings  # noqa: B018  (computed or read back here, not inside the first request's step)
         return Engine(self.model, self.tokenizer, served.artifact, max_batch=self.limits.max_batch,
-                      prompt=self._prompt(served.adapter),
-                      ranker=ranker, adapter=served.adapter)
+                      prompt=self._prompt(served.adapter), ranker=ranker, adapter=served.adapter,
+                      prefill=self.limits.prefill_tokens)
 
     def _install(self, served: ServedRegistry, engine: Engine | RemoteEngine) -> None:
         """Serve ``served`` with ``engine`` from now on (requests admitted meanwhile with the old version's prior
@@ -424,6 +424,10 @@ class DiscoveryService:
         if not 1 <= k <= served.n_tools:
             raise InvalidRequestError(f"k must be between 1 and {served.n_tools} (the tools of registry "
                                       f"{served.name!r}), got {k}")
+        query_tokens = len(self.tokenizer.encode_prompt("", query, ""))
+        if query_tokens > limits.max_query_tokens:
+            raise InvalidRequestError(f"query has {query_tokens:,} tokens; the limit is {limits.max_query_tokens:,} "
+                                      "(ServeLimits.max_query_tokens)")
         if self.context_tokens is not None:
             answer_tokens = k * (served.artifact.trie.max_depth + 2) + 1
             if served.prompt_tokens + answer_tokens > self.context_tokens:  # no query fits: not the request's fault
@@ -431,7 +435,7 @@ class DiscoveryService:
                     f"registry {served.name!r} cannot be answered by this model: its prompt alone takes "
                     f"{served.prompt_tokens:,} tokens of the model's {self.context_tokens:,} (the catalog prompt lists "
                     "every tool; a model trained on the registry, e.g. `tooltrie serve --train`, uses the short one)")
-            needed = served.prompt_tokens + len(self.tokenizer.encode_prompt("", query, "")) + answer_tokens
+            needed = served.prompt_tokens + query_tokens + answer_tokens
             if needed > self.context_tokens:
                 raise InvalidRequestError(f"query is too long for the model: prompt and answer would take {needed:,} "
                                           f"tokens of its {self.context_tokens:,}")

@@ -242,6 +242,8 @@ class Worker:
             return
         if self._metrics is not None:
             self._metrics.batch_rows.labels(lane.name).observe(rows)
+            if engine.last_prefill:
+                self._metrics.prefill_tokens.labels(lane.name).observe(engine.last_prefill)
         for ticket, answer in answers.items():
             job = lane.jobs.pop(ticket, None)
             if job is not None:  # a remote engine's request may end in an error of its own (e.g. vLLM unreachable)

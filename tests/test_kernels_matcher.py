@@ -189,6 +189,18 @@ def test_terminated_after_stop_only() -> None:
     assert not matcher.is_terminated() and matcher.tools() == [NAMES.index("get_user")]
 
 
+def test_the_matcher_reads_its_state_from_its_batch_row() -> None:
+    """The matcher's status, thinking and tools are its batch row's (one state, one path), not a copy kept beside it:
+    a row the batch finished elsewhere (here, restored to another matcher's finished row) reads as finished."""
+    artifact = artifact_for()
+    tokenizer = bundled("gpt2")
+    done, fresh = TrieMatcher(artifact, 2), TrieMatcher(artifact, 2)
+    for token in [*tokenizer.encode("get_user, get"), artifact.eos_id]:
+        assert done.accept_token(token)
+    fresh._batch.restore(0, done._batch.checkpoint(0))
+    assert fresh.is_terminated() and fresh.tool_names() == ["get_user", "get"] and fresh.legal_tokens() == []
+
+
 # ----------------------------------------------------------------------------------------- forced, jump-forward
 
 

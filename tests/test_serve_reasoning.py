@@ -76,3 +76,39 @@ def test_reasoning_needs_a_marker(tmp_path: Path) -> None:
     engine = Engine(tiny_llama(), tokenizer, artifact)
     with pytest.raises(DecodeError, match="no reasoning-end marker"):
         engine.run([Request("q", 1, reasoning=True)])
+
+
+class FullHeadProducts(torch.overrides.TorchFunctionMode):
+    """Counts matrix products with a full output layer (an operand with the vocabulary as a dimension)."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab, self.count = vocab, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if getattr(func, "__name__", "") in ("matmul", "__matmul__", "mm") and any(
+                isinstance(a, torch.Tensor) and a.dim() == 2 and self.vocab in a.shape for a in args):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_thinking_and_plain_rows_take_one_full_head_product_a_step(thinking_tokenizer: TokenizerInfo) -> None:
+    """Rows thinking and rows without a grammar are decided together, one product with the full head a step, and
+    each answer is what it is decoded alone (batched = per row)."""
+    engine = _engine(thinking_tokenizer)
+    requests = [Request("find a user", 2, reasoning=True, max_new_tokens=5), Request("hi", 1, constrained=False,
+                max_new_tokens=4), Request("search the web", 1), Request("get users", 2, reasoning=True,
+                max_new_tokens=7), Request("anything", 1, constrained=False, max_new_tokens=6), Request("a b", 3)]
+    alone = [_engine(thinking_tokenizer).run([request])[0] for request in requests]
+    counter = FullHeadProducts(engine.head.shape[0])
+    tickets = [engine.submit(request) for request in requests]
+    answers, steps = {}, 0
+    with counter:
+        while engine.busy:
+            answers.update(engine.step())
+            steps += 1
+    for request, ticket, single in zip(requests, tickets, alone, strict=True):
+        got = answers[ticket]
+        assert (got.token_ids, got.finish_reason, [t.name for t in got.tools]) == (
+            single.token_ids, single.finish_reason, [t.name for t in single.tools]), request
+    assert 0 < counter.count <= steps, (counter.count, steps)
