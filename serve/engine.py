@@ -429,7 +429,8 @@ class Engine:
         """One decision for each row: every constrained one in one ``choose_sparse`` call (the choice, its numbers
         and the forced run after it); rows thinking or without a grammar in one full-head product
         (``_decide_full_head``)."""
-        deciding, full_head = [], []
+        deciding: list[_Row] = []
+        full_head: list[_Row] = []
         for row in rows:
             if self._finish_reason(row) is not None:
                 continue

@@ -242,7 +242,7 @@ class Worker:
             return
         if self._metrics is not None:
             self._metrics.batch_rows.labels(lane.name).observe(rows)
-            if engine.last_prefill:
+            if isinstance(engine, Engine) and engine.last_prefill:  # a remote engine reads prompts elsewhere
                 self._metrics.prefill_tokens.labels(lane.name).observe(engine.last_prefill)
         for ticket, answer in answers.items():
             job = lane.jobs.pop(ticket, None)
