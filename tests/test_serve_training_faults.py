@@ -41,7 +41,7 @@ from tooltrie.testing import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
 
-SUPPORT = Path(__file__).parent / "support"
+TESTS = Path(__file__).parent
 
 
 @pytest.fixture(autouse=True)
@@ -78,8 +78,8 @@ class ServerProcess:
 
     def __init__(self, registry: Path, cache: Path, jobs: Path) -> None:
         self.port_file = cache.parent / f"port-{len(list(cache.parent.glob('port-*')))}"
-        self.process = subprocess.Popen([sys.executable, str(SUPPORT / "training_server.py"), str(registry),
-                                         str(cache), str(jobs), str(self.port_file)], cwd=SUPPORT)
+        self.process = subprocess.Popen([sys.executable, "-m", "support.training_server", str(registry), str(cache),
+                                         str(jobs), str(self.port_file)], cwd=TESTS)
         wait_until(lambda: self.port_file.exists() or self.process.poll() is not None, timeout_s=120,
                    what="the server to start")
         assert self.process.poll() is None, "the server process ended"

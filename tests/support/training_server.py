@@ -1,6 +1,7 @@
-"""``python training_server.py REGISTRY CACHE EVENTS PORT_FILE``: a discovery server in a process of its own (the tiny
-Llama, SmolLM2's tokenizer) whose adapters are trained by ``training_stub.StubJob(EVENTS)`` into ``CACHE/adapters``;
-it writes its port to PORT_FILE once it listens. For tests that kill a server."""
+"""``python -m support.training_server REGISTRY CACHE EVENTS PORT_FILE``, run from ``tests/``: a discovery server in
+a process of its own (the tiny Llama, SmolLM2's tokenizer) whose adapters are trained by
+``training_stub.StubJob(EVENTS)`` into ``CACHE/adapters``; it writes its port to PORT_FILE once it is bound. For tests
+that kill a server."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import sys
 from pathlib import Path
 
 import uvicorn
-from training_stub import BASE_FINGERPRINT, StubJob
 
+from support.training_stub import BASE_FINGERPRINT, StubJob
 from tooltrie.compiler import TokenizerInfo
 from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.server import create_app
