@@ -33,16 +33,19 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from _common import REPO_DIR, RESULTS_DIR, print_table, write_results
 from bench_compile import synthetic_names
 
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
-from tooltrie.eval.backends import EvalSetup
 from tooltrie.eval.datasets import LabelledQuery, load_split
 from tooltrie.registry import BFCL_PATH, CATALOG_PATH, Registry, load_registry, make_registry
 from tooltrie.serve.prompt import Prompt
+
+if TYPE_CHECKING:  # numba is imported inside run(), never at the top: vLLM's workers are spawned and import this
+    # file again, and numba loaded before vLLM's CPU start-up scan makes it fail
+    from tooltrie.eval.backends import EvalSetup
 
 ARMS = ("tooltrie", "unconstrained", "xgrammar")
 MODES = {"tooltrie": "trie", "xgrammar": "grammar", "unconstrained": "none"}  # VllmArm's modes
@@ -72,6 +75,7 @@ class Bench:
 
     def setup(self, registry: Registry) -> tuple[EvalSetup, Any]:
         """The registry's artifact, saved where vLLM's worker reads it, and its eval setup."""
+        from tooltrie.eval.backends import EvalSetup
         from tooltrie.eval.vllm_backend import VllmArm
 
         artifact = compile_registry(registry, self.tokenizer)
