@@ -69,12 +69,14 @@ def _free_port() -> int:
 
 @contextmanager
 def serving(name: str, *, max_batch: int, queue: int, model: str | None, torch_threads: int, dtype: str,
-            start_timeout_s: float = 600.0) -> Iterator[Server]:
-    """``tooltrie serve`` in a subprocess on a free loopback port, until its ``/healthz`` answers; stopped on exit."""
+            start_timeout_s: float = 600.0, timeout_s: float = 3600.0, extra: Sequence[str] = ()) -> Iterator[Server]:
+    """``tooltrie serve`` in a subprocess on a free loopback port, until its ``/healthz`` answers; stopped on exit.
+    ``timeout_s``: its ``--timeout``; ``extra``: more of its arguments (registries, ranker)."""
     port = _free_port()
     log = Path(tempfile.mkstemp(prefix=f"bench-serve-{name}-", suffix=".log")[1])
     command = [sys.executable, "-m", "tooltrie.cli", "serve", "--port", str(port), "--max-batch", str(max_batch),
-               "--queue", str(queue), "--timeout", "3600", "--dtype", dtype, *(["--model", model] if model else [])]
+               "--queue", str(queue), "--timeout", str(timeout_s), "--dtype", dtype,
+               *(["--model", model] if model else []), *extra]
     env = {**os.environ, "OMP_NUM_THREADS": str(torch_threads), "MKL_NUM_THREADS": str(torch_threads)}
     with open(log, "wb") as out:
         process = subprocess.Popen(command, cwd=REPO_DIR, stdout=out, stderr=subprocess.STDOUT, env=env)
