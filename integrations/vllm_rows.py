@@ -1,5 +1,10 @@
 """vLLM's rows on tooltrie's batch state, without vLLM: the per-request arguments and the row bookkeeping both vLLM
-adapters (``integrations/vllm.py``) share. Importable (and tested) where vLLM is not installed."""
+adapters (``integrations/vllm.py``) share. Importable (and tested) where vLLM is not installed.
+
+Nothing here imports ``tooltrie.kernels`` (and with it Numba and llvmlite) until rows are made: vLLM's CPU worker
+unpickles its config, which imports the processor's module, then scans every loaded module to rebind its Triton
+kernel overrides, and llvmlite's ffi wrappers break that scan. The kernels are imported where they are first used.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +14,16 @@ import operator
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
 from tooltrie.compiler.artifact import Artifact
-from tooltrie.kernels.batch import TrieBatch, ragged_ids
-from tooltrie.kernels.bitmask import get_bitmask_shape
-from tooltrie.kernels.cpu import LegalLogits
-from tooltrie.kernels.state import check_k
+
+if TYPE_CHECKING:
+    from tooltrie.kernels.batch import TrieBatch
 
 EXTRA_ARGS_KEY = "tooltrie"
 # The flat form, for callers that cannot nest: vLLM's OpenAI server passes ``vllm_xargs`` (str, int, float or lists of
@@ -77,6 +81,8 @@ def parse_request_args(params: Any) -> RequestArgs | None:
         return None
     if not isinstance(artifact, str) or type(k) is not int:
         raise ValueError(f"{where} must be {form}, got {args!r}")
+    from tooltrie.kernels.state import check_k  # not at import: see the module's docstring
+
     check_k(k, load_artifact(artifact).trie.n_tools, where=where)
     budgeted = getattr(params, "thinking_token_budget", None) is not None
     return RequestArgs(artifact=artifact, k=k, thinking_budget=budgeted)
@@ -87,18 +93,37 @@ def load_artifact(path: str) -> Artifact:
     return Artifact.load(path)
 
 
+# Async scheduling (vLLM on GPUs) appends this to a request's output list for a token sampled but not yet copied
+# back to the host; vLLM writes the real id over it before the next sampling step.
+PLACEHOLDER = -1
+
+# A CPU step either masks the constrained rows in place (writing -inf over every illegal logit) or returns a buffer
+# that gets only their legal logits but every other row copied whole (``kernels.cpu.LegalLogits``). Measured on a
+# shared 2-core AMD EPYC VM with a 49,152-token vocabulary: copying a plain row costs about what the buffer saves on
+# 16 constrained rows, so the buffer is used only where plain rows are at most 1/16 of the constrained ones.
+PLAIN_ROW_COST = 16
+
+
 class ArtifactRows:
     """The rows of vLLM's batch that carry our arguments: one ``TrieBatch`` per artifact, whose rows keep vLLM's
     row numbers (V1 batch indices, V2 slots). ``fed[row]`` counts the output tokens the row has accepted (0 for rows
     that are not ours)."""
 
     def __init__(self, device: torch.device | str | None) -> None:
+        from tooltrie.kernels.cpu import LegalLogits  # not at import: see the module's docstring
+
         self.backend = "cuda" if torch.device(device or "cpu").type == "cuda" else "cpu"
         self.batches: dict[str, TrieBatch] = {}
         self.args: dict[int, RequestArgs] = {}
         self.fed = np.zeros(16, dtype=np.int64)
         self.budgeted = np.zeros(16, dtype=bool)  # rows whose request has a thinking budget
-        self.legal = LegalLogits()  # on a CPU, what ``apply`` returns
+        # Which request holds each row (a number new for each request added; 0: none of ours), and which one each
+        # row of the buffer last served: a row of the buffer is reset whole when it serves another request, so that
+        # whatever a later stage wrote into it (a finite value in an illegal column) cannot reach the next request.
+        self.serial = np.zeros(16, dtype=np.int64)
+        self.served = np.zeros(0, dtype=np.int64)
+        self.next_serial = 1
+        self.legal = LegalLogits()  # on a CPU, what ``apply`` returns (see PLAIN_ROW_COST)
         # Per artifact, vLLM row -> its batch row (the same number; -1: not this artifact's), with one more entry,
         # -1, at the end, so that row -1 (NumPy's last entry) maps to -1: a step maps its rows with one gather.
         self.owners: dict[str, npt.NDArray[np.int32]] = {}
@@ -108,6 +133,8 @@ class ArtifactRows:
 
     def add(self, row: int, args: RequestArgs) -> None:
         """A request joins in ``row`` (or starts over there: a preempted request recomputed)."""
+        from tooltrie.kernels.batch import TrieBatch
+
         self.remove(row)
         batch = self.batches.get(args.artifact)
         if batch is None:
@@ -115,11 +142,12 @@ class ArtifactRows:
                                                             capacity=max(16, row + 1))
             self.owners[args.artifact] = np.full(len(self.fed) + 1, -1, dtype=np.int32)
         batch.add(row, args.k)
-        self._set(row, args, 0)
+        self._set(row, args, 0, self.next_serial)
+        self.next_serial += 1
 
     def remove(self, row: int) -> None:
         args = self.args.get(row)
-        self._set(row, None, 0)
+        self._set(row, None, 0, 0)
         if args is not None:
             self.batches[args.artifact].remove(row)
 
@@ -138,22 +166,31 @@ class ArtifactRows:
             if moving[0] is not None:
                 self.batches[moving[0].artifact].move(source, target)
         self._set(target, *moving)
-        self._set(source, *(displaced if swap else (None, 0)))
+        self._set(source, *(displaced if swap else (None, 0, 0)))
 
     def apply(self, logits: torch.Tensor, rows: Sequence[int] | npt.NDArray[np.integer],
               new_tokens: Sequence[Sequence[int]]) -> torch.Tensor:
         """Logits row i belongs to vLLM row ``rows[i]`` (-1 or a row that is not ours: left alone) and brings it
         ``new_tokens[i]``: accept them, then mask, one call each per artifact, with no Python loop over rows.
 
-        The masked logits are returned: on a GPU they are ``logits``, masked in place; on a CPU a buffer that gets
-        only the legal logits (``kernels.cpu.LegalLogits``), except in a step with a thinking budget among its
-        rows."""
+        The masked logits are returned: on a GPU they are ``logits``, masked in place; on a CPU either ``logits``
+        masked in place or a buffer that gets only the legal logits (``kernels.cpu.LegalLogits``), whichever costs
+        less for the step's mix of rows (``PLAIN_ROW_COST``); in place, too, in a step with a thinking budget among
+        its rows (vLLM writes finite values into the logits after us)."""
+        from tooltrie.kernels.batch import ragged_ids
+        from tooltrie.kernels.bitmask import get_bitmask_shape
+
         tokens, lengths = ragged_ids(new_tokens)
         vllm_rows = np.asarray(rows, dtype=np.int32).reshape(-1)
         self._grow(int(vllm_rows.max(initial=-1)) + 1)
-        in_place = self.backend != "cpu" or bool(self.budgeted[vllm_rows[vllm_rows >= 0]].any())
+        requests = np.where(vllm_rows >= 0, self.serial[vllm_rows], 0)
+        constrained = requests > 0
+        n_constrained = int(np.count_nonzero(constrained))
+        if not n_constrained:
+            return logits
+        in_place = (self.backend != "cpu" or (len(vllm_rows) - n_constrained) * PLAIN_ROW_COST > n_constrained
+                    or bool(self.budgeted[vllm_rows[constrained]].any()))
         bitmask = None if in_place else np.empty(get_bitmask_shape(*logits.shape), dtype=np.int32)
-        constrained = np.zeros(len(vllm_rows), dtype=bool)
         for path, owner in self.owners.items():
             mine = owner[vllm_rows]  # -1 stays -1: an owner table ends with -1
             ours = mine >= 0
@@ -164,26 +201,39 @@ class ArtifactRows:
                     self.batches[path].mask_logits_(logits, mine)
                 else:
                     self.batches[path].fill_bitmask(bitmask, mine)
-                    constrained |= ours
-        return logits if bitmask is None or not constrained.any() else self.legal(logits, bitmask, constrained)
+        if bitmask is None:
+            return logits
+        if len(self.served) < len(requests):
+            self.served = np.concatenate([self.served, np.zeros(len(requests) - len(self.served), np.int64)])
+        changed = np.flatnonzero(self.served[: len(requests)] != requests)
+        self.legal.reset(changed)
+        self.served[changed] = requests[changed]
+        masked: torch.Tensor = self.legal(logits, bitmask, constrained)
+        return masked
 
     def unfed(self, outputs: Sequence[Sequence[int]]) -> list[Sequence[int]]:
-        """Row i's output tokens past those it has accepted, from its whole output list ``outputs[i]``."""
+        """Row i's output tokens past those it has accepted, from its whole output list ``outputs[i]``, up to the
+        first ``PLACEHOLDER`` (async scheduling: its token is not known yet; it is accepted once vLLM writes it)."""
         self._grow(len(outputs))
         starts = self.fed[: len(outputs)].tolist()
-        return list(map(operator.getitem, outputs, map(slice, starts, itertools.repeat(None))))
+        new = map(operator.getitem, outputs, map(slice, starts, itertools.repeat(None)))
+        return [tokens[: tokens.index(PLACEHOLDER)] if PLACEHOLDER in tokens else tokens for tokens in new]
 
-    def _row(self, row: int) -> tuple[RequestArgs | None, int]:
-        return self.args.get(row), int(self.fed[row]) if row < len(self.fed) else 0
+    def _row(self, row: int) -> tuple[RequestArgs | None, int, int]:
+        if row >= len(self.fed):
+            return None, 0, 0
+        return self.args.get(row), int(self.fed[row]), int(self.serial[row])
 
-    def _set(self, row: int, args: RequestArgs | None, fed: int) -> None:
-        """Row ``row`` holds ``args``' request (None: none of ours), which has accepted ``fed`` tokens."""
+    def _set(self, row: int, args: RequestArgs | None, fed: int, serial: int) -> None:
+        """Row ``row`` holds request ``serial`` (``args``' request; None and 0: none of ours), which has accepted
+        ``fed`` tokens."""
         if args is None:
             self.args.pop(row, None)
         else:
             self.args[row] = args
         self._grow(row + 1)
         self.fed[row] = fed
+        self.serial[row] = serial
         self.budgeted[row] = args is not None and args.thinking_budget
         for path, owner in self.owners.items():
             owner[row] = row if args is not None and args.artifact == path else -1
@@ -192,6 +242,7 @@ class ArtifactRows:
         if size > len(self.fed):
             extra = max(size, 2 * len(self.fed)) - len(self.fed)
             self.fed = np.concatenate([self.fed, np.zeros(extra, np.int64)])
+            self.serial = np.concatenate([self.serial, np.zeros(extra, np.int64)])
             self.budgeted = np.concatenate([self.budgeted, np.zeros(extra, bool)])
             for path, owner in self.owners.items():
                 self.owners[path] = np.concatenate([owner, np.full(extra, -1, np.int32)])

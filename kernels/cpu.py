@@ -147,7 +147,8 @@ class LegalLogits:
     The buffer is returned instead of the logits, so this suits callers that take a processor's result (vLLM's
     samplers, Hugging Face's ``generate``) and that afterwards edit it only by writing -inf (top-k, top-p) or by
     arithmetic that keeps -inf (temperature, penalties, biases). One that wrote a finite value over an illegal logit
-    (vLLM's thinking-budget forcing) would leave it there for the next step: such steps mask in place instead."""
+    (vLLM's thinking-budget forcing) would leave it there for the next step: such steps mask in place instead, and a
+    row that passes to another request is ``reset`` whole."""
 
     ROOM = 2048  # columns remembered per row; a row with more legal tokens (one still thinking) is reset whole
 
@@ -155,6 +156,12 @@ class LegalLogits:
         self._out: Any = None
         self._written = np.zeros((0, self.ROOM), dtype=np.int32)
         self._n_written = np.zeros(0, dtype=np.int64)
+
+    def reset(self, rows: npt.NDArray[np.integer[Any]]) -> None:
+        """The next write to these rows sets them whole back to -inf first, not only the columns written last time:
+        for a row that passes to another request, after a stage that may have written into what this returned."""
+        rows = np.asarray(rows)
+        self._n_written[rows[rows < len(self._n_written)]] = -1
 
     def __call__(self, logits: Any, bitmask: npt.NDArray[np.int32], constrained: npt.NDArray[np.bool_]) -> Any:
         """``logits`` ``[n, V]`` (CPU torch) masked by ``bitmask`` where ``constrained``, as a view of the buffer."""

@@ -1,7 +1,8 @@
-"""The vLLM adapters against vLLM 0.33's real interface classes, on CPU (``make test-vllm``; skipped without vLLM).
+"""The vLLM adapters against vLLM's real interface classes, on CPU (``make test-vllm`` runs them with vLLM 0.33's
+CUDA wheel and with 0.32's CPU build; skipped without vLLM).
 
-vLLM cannot run here (its wheel is CUDA-only), but its logits-processor interfaces import on a CPU. These tests drive
-the adapters the way each model runner does, with CPU tensors:
+vLLM 0.33 cannot run here (its wheel is CUDA-only), but its logits-processor interfaces import on a CPU. These tests
+drive the adapters the way each model runner does, with CPU tensors:
 
 - V2 (``vllm.v1.worker.gpu.sample.logits_processor``): the real ``LogitsProcRequestState`` and ``LogitsContext``
   dataclasses around stand-in buffers (``.gpu`` / ``.np`` CPU tensors and arrays, where vLLM has UVA buffers),
@@ -14,8 +15,8 @@ the adapters the way each model runner does, with CPU tensors:
 
 At every step each constrained row's mask must equal the readable oracle's for the same tokens (``TrieMatcher`` on the
 reference backend; the batch rows themselves are checked against the engine in ``test_integrations_agree.py``), and
-unconstrained rows must be untouched. Not exercised here:
-vLLM's scheduler, its GPU model runner and a real ``LLM.generate``.
+unconstrained rows must be untouched. vLLM's engine itself (scheduler, model runner, sampler, ``LLM.generate``,
+``vllm serve``) is exercised by ``test_vllm_engine*.py`` with the CPU build.
 """
 
 from __future__ import annotations
@@ -106,7 +107,11 @@ def test_vllm_loads_both_adapters_by_qualified_name() -> None:
 
 
 def test_processor_class_follows_the_model_runner(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    from vllm.platforms import current_platform
+
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)  # V1 on vLLM's CPU build: its only runner
+    assert processor_class() is (TrieVllmProcessorV1 if current_platform.is_cpu() else TrieVllmProcessor)
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     assert processor_class() is TrieVllmProcessor
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
     assert processor_class() is TrieVllmProcessorV1

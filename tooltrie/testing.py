@@ -24,16 +24,20 @@ def tiny_llama(
     *,
     eos_token_id: int | None = 2,
     dtype: torch.dtype = torch.float32,
+    head_dim: int = 16,
 ) -> PreTrainedModel:
     """A tiny randomly initialised ``LlamaForCausalLM`` (hidden 64, 2 layers, 4 heads of 16, 2 key-value heads,
     embeddings tied like SmolLM2's) with a real vocabulary size, for tests of other components.
 
     The same ``seed`` gives the same weights; the caller's random state is left as it was. ``eos_token_id`` defaults
-    to SmolLM2's ``<|im_end|>`` (2).
+    to SmolLM2's ``<|im_end|>`` (2). ``head_dim=32`` makes 2 heads of 32 and 1 key-value head instead: vLLM's CPU
+    attention takes head sizes from 32 up.
     """
+    heads = 64 // head_dim
     return _random_llama(
         seed, dtype, vocab_size=tokenizer_vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=2048, rms_norm_eps=1e-5,
+        num_attention_heads=heads, num_key_value_heads=heads // 2, head_dim=head_dim, max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 100_000.0},
         initializer_range=0.2,  # logits of order one, so greedy choices are clear-cut even in float16
         tie_word_embeddings=True, bos_token_id=None, eos_token_id=eos_token_id, pad_token_id=eos_token_id)
