@@ -227,26 +227,43 @@ class XGrammarArm(GenerateArm):
 
 
 class RetrievalArm(Arm):
-    """No language model: the top k tools by embedding similarity (all-MiniLM-L6-v2) between the query and each
-    tool's "name: description", what users often pick instead of a decoder. Always valid, never ordered by k."""
+    """No language model: the top k tools by a retrieval prior alone (``tooltrie.ranker.PRIORS``), what users often
+    pick instead of a decoder. ``retrieval``: dense, the embedding similarity (all-MiniLM-L6-v2) of the query and each
+    tool's "name: description"; ``lexical``: BM25 over the words inside the tools' identifiers and text; ``hybrid``:
+    the two combined. Always valid, never ordered by k. The prior comes from ``options["retrieval"]`` (a
+    ``tooltrie.ranker.Ranker``, its files kept beside the artifact), else a ranker of the artifact's registry."""
 
     name = "retrieval"
+    prior = "dense"
 
     @functools.cached_property
-    def retriever(self) -> Any:
-        from tooltrie.retrieval import EmbeddingRetriever
+    def ranker(self) -> Any:
+        from tooltrie.ranker import Ranker
 
-        return EmbeddingRetriever(self.setup.artifact.registry)
+        return self.setup.options.get("retrieval") or Ranker(self.setup.artifact.registry)
 
     def predict(self, queries: Sequence[LabelledQuery]) -> list[Prediction]:
+        import numpy as np
+
         artifact = self.setup.artifact
+        scores = self.ranker.prior_scores([query.query for query in queries], self.prior)
         predictions = []
-        for query in queries:
-            names = self.retriever.rank(query.query, query.k)
+        for query, row in zip(queries, scores, strict=True):
+            names = [artifact.registry.names[i] for i in np.argsort(-row, kind="stable")[: query.k]]
             predictions.append(Prediction(text=artifact.contract.render(names),
                                           token_ids=[*artifact.token_path(names), artifact.eos_id],
                                           finish_reason="stop"))
         return predictions
+
+
+class LexicalArm(RetrievalArm):
+    name = "lexical"
+    prior = "lexical"
+
+
+class HybridArm(RetrievalArm):
+    name = "hybrid"
+    prior = "hybrid"
 
 
 ARMS: dict[str, Callable[[EvalSetup], Arm]] = {
@@ -256,7 +273,11 @@ ARMS: dict[str, Callable[[EvalSetup], Arm]] = {
     "fused": FusedArm,
     "xgrammar": XGrammarArm,
     "retrieval": RetrievalArm,
+    "lexical": LexicalArm,
+    "hybrid": HybridArm,
 }
+# The arms that rank by a retrieval prior alone (no language model).
+PRIOR_ARMS = ("retrieval", "lexical", "hybrid")
 
 
 def make_arm(name: str, setup: EvalSetup) -> Arm:

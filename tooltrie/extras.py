@@ -19,6 +19,7 @@ EXTRA_OF_MODULE = {
     "tqdm": "model",
     "gguf": "model",
     "accelerate": "model",
+    "bm25s": "model",
     "fastapi": "serve",
     "uvicorn": "serve",
     "mcp": "serve",

@@ -1,11 +1,20 @@
 """What the constrained decode ranks tools by: the model, a retrieval prior, or both fused.
 
 - ``model``: the model's scores alone (what an adapter trained on the registry knows);
-- ``retrieval``: each tool's embedding similarity to the query alone (all-MiniLM-L6-v2 over "name: description" and
-  the parameters, ``tooltrie/retrieval.py``): the answer is retrieval's top k, best first;
-- ``fused``: ``model * score + retrieval * similarity`` for each legal token, the similarity being the best among
-  the unused allowed tools below the token's edge (``kernels/walk.py``). Never a hard filter: every tool stays
-  reachable, the prior only tips the model's choices.
+- ``retrieval``: each tool's prior alone: the answer is the prior's top k, best first;
+- ``fused``: ``model * score + retrieval * prior`` for each legal token, the prior being the best among the unused
+  allowed tools below the token's edge (``kernels/walk.py``). Never a hard filter: every tool stays reachable, the
+  prior only tips the model's choices.
+
+The prior (``PRIORS``) is one score per tool for a query, standardised per query (z-scores over the registry's tools,
+so that one weight means the same whatever the query and the registry):
+
+- ``dense``: the cosine similarity of the query's and the tool's embeddings (all-MiniLM-L6-v2 over "name:
+  description" and the parameters, ``tooltrie/retrieval.py``);
+- ``lexical``: BM25 over the words inside the tools' identifiers and text (``tooltrie/lexical.py``);
+- ``hybrid`` (the default): ``HYBRID``'s weighted sum of the two. Requests use the words inside identifiers
+  (``calculateNetIncome``), which a small sentence embedding often misses and BM25 finds; prose-like names go the
+  other way; the sum was never worse than the better of the two (docs/benchmarks.md#the-retrieval-prior).
 
 >>> ranker = Ranker(load_registry(CATALOG_PATH), fused=Weights(model=1.0, retrieval=20.0))  # doctest: +SKIP
 >>> prior = ranker.row("What will the weather be in Paris?", "fused")  # doctest: +SKIP
@@ -16,8 +25,8 @@ A request's prior is computed once, when it is admitted (the service does it off
 step; ``Engine.submit`` for a request that comes without one), never inside a decoding step, where an embedding would
 hold up every row of every registry.
 
-The tools' embeddings are computed once per registry version and kept in a file beside the artifact
-(``embeddings_path``), keyed by the registry's sha256 and the encoder.
+The tools' embeddings and their lexical index are computed once per registry version and kept in files beside the
+artifact (``embeddings_path``, ``lexical_path``), keyed by the registry's sha256 (and the encoder, the index's kind).
 """
 
 from __future__ import annotations
@@ -36,10 +45,16 @@ if TYPE_CHECKING:  # numpy is imported where it is used: the CLI reads this modu
     import numpy.typing as npt
 
     from tooltrie.compiler.artifact import Artifact
+    from tooltrie.lexical import LexicalIndex
     from tooltrie.registry.model import Registry
 
 RANKERS = ("model", "retrieval", "fused")
+PRIORS = ("dense", "lexical", "hybrid")
+DEFAULT_PRIOR = "hybrid"
 ENCODER = "all-MiniLM-L6-v2"
+# The hybrid prior's weights on the dense and the lexical z-scores. Chosen on the validation splits of BFCL and of the
+# MetaTool catalog, never on a test split (bench/sweep_prior.py; docs/benchmarks.md#the-retrieval-prior).
+HYBRID = {"dense": 1.0, "lexical": 1.0}
 
 
 class RankerError(TooltrieError, ValueError):
@@ -82,29 +97,86 @@ def check_ranker(name: str, *, where: str = "request") -> str:
     return name
 
 
+def check_prior(name: str, *, where: str = "request") -> str:
+    if name not in PRIORS:
+        raise RankerError(f"{where}: unknown prior {name!r}; choose one of {', '.join(PRIORS)}")
+    return name
+
+
+def standardized(scores: npt.ArrayLike) -> npt.NDArray[np.float32]:
+    """Each row's z-scores: minus its mean, over its standard deviation; a row with no spread (a query no tool's word
+    matches, a registry of one tool) is all 0, never NaN.
+
+    >>> import numpy as np
+    >>> print(standardized(np.array([[1.0, 2.0, 3.0], [5.0, 5.0, 5.0]])).round(3))
+    [[-1.225  0.     1.225]
+     [ 0.     0.     0.   ]]
+    """
+    import numpy as np
+
+    values = np.asarray(scores, dtype=np.float64)
+    centred = values - values.mean(axis=1, keepdims=True)
+    spread = centred.std(axis=1, keepdims=True)
+    z = np.divide(centred, spread, out=np.zeros_like(centred), where=spread > 1e-12)
+    return z.astype(np.float32)
+
+
 class Ranker:
     """Per-request priors for a registry: the rows the decode's fused ranker reads (``TrieBatch.add``)."""
 
-    def __init__(self, registry: Registry, *, fused: Weights = UNTRAINED, embeddings_path: str | Path | None = None,
+    def __init__(self, registry: Registry, *, fused: Weights = UNTRAINED, prior: str = DEFAULT_PRIOR,
+                 embeddings_path: str | Path | None = None, lexical_path: str | Path | None = None,
                  encoder: Any = None) -> None:
         self.registry, self.fused, self._encoder = registry, fused, encoder
+        self.prior = check_prior(prior, where="prior")
         self.embeddings_path = None if embeddings_path is None else Path(embeddings_path)
+        self.lexical_path = None if lexical_path is None else Path(lexical_path)
         self._encoding = threading.Lock()  # requests are ranked on several threads; one encoder pass at a time
-
 
     def weights(self, name: str) -> Weights:
         return {"model": MODEL_ONLY, "retrieval": RETRIEVAL_ONLY, "fused": self.fused}[check_ranker(name)]
 
-    def row(self, query: str, name: str, *, similarity: npt.NDArray[np.float32] | None = None) -> Prior:
-        """The prior of one request asking for ranker ``name``: the one per-request entry point. ``similarity``: the
-        query's ``similarities`` when the caller has them already (a pre-filter ranked by them), so the query is
-        embedded once per request."""
+    def row(self, query: str, name: str, *, prior: str | None = None,
+            scores: npt.NDArray[np.float32] | None = None) -> Prior:
+        """The prior of one request asking for ranker ``name``: the one per-request entry point. ``prior``: dense,
+        lexical or hybrid (None: the ranker's own); ``scores``: the query's ``prior_scores`` of that kind when the
+        caller has them already (a pre-filter ranked by them), so the query is embedded once per request."""
         weights = self.weights(name)
         if weights.retrieval == 0:
             return Prior(None, weights.model, weights, self.registry.sha256)
-        if similarity is None:
-            similarity = self.similarities([query])[0]
-        return Prior((weights.retrieval * similarity).astype("float32"), weights.model, weights, self.registry.sha256)
+        if scores is None:
+            scores = self.prior_scores([query], prior)[0]
+        return Prior((weights.retrieval * scores).astype("float32"), weights.model, weights, self.registry.sha256)
+
+    def prior_scores(self, queries: list[str], prior: str | None = None) -> npt.NDArray[np.float32]:
+        """[len(queries), tools] the prior (``PRIORS``; None: the ranker's own), z-scores per query."""
+        import numpy as np
+
+        kind = check_prior(prior or self.prior, where="prior")
+        weights = HYBRID if kind == "hybrid" else {kind: 1.0}
+        shape = (len(queries), len(self.registry))
+        total = np.zeros(shape, dtype=np.float32)
+        if "dense" in weights:
+            total += weights["dense"] * standardized(self.similarities(queries))
+        if "lexical" in weights:
+            lexical = np.array([self.lexical.scores(query) for query in queries], dtype=np.float32).reshape(shape)
+            total += weights["lexical"] * standardized(lexical)
+        return total
+
+    def rank_indices(self, query: str, k: int, *, prior: str | None = None) -> list[int]:
+        """The ``k`` best tool ids by the prior, best first (ties to the lower id): what the pre-filter keeps."""
+        import numpy as np
+
+        order = np.argsort(-self.prior_scores([query], prior)[0], kind="stable")
+        return [int(i) for i in order[:k]]
+
+    @cached_property
+    def lexical(self) -> LexicalIndex:
+        """The tools' lexical index: read from ``lexical_path`` when it holds this registry's, else built (and
+        written there)."""
+        from tooltrie.lexical import LexicalIndex
+
+        return LexicalIndex.cached(self.registry, self.lexical_path)
 
     def similarities(self, queries: list[str]) -> npt.NDArray[np.float32]:
         """[len(queries), tools] cosine similarities of the queries to the tools' texts (``retrieval.tool_text``)."""
@@ -136,21 +208,29 @@ class Ranker:
         return embeddings
 
 
-def ranker_for(artifact: Artifact, source: str | Path | None, weights: Weights) -> Ranker:
-    """The ``Ranker`` of an artifact. The tools' embeddings are kept beside ``source`` when it is a compiled
-    artifact, else in the compile cache (keyed by the registry's sha256)."""
+def ranker_for(artifact: Artifact, source: str | Path | None, weights: Weights, *,
+               prior: str = DEFAULT_PRIOR) -> Ranker:
+    """The ``Ranker`` of an artifact. The tools' embeddings and lexical index are kept beside ``source`` when it is
+    a compiled artifact, else in the compile cache (keyed by the registry's sha256)."""
     from tooltrie.compiler.cache import default_cache_dir
     from tooltrie.compiler.sources import is_artifact
 
     beside = Path(source) if source is not None and is_artifact(source) else (
         default_cache_dir() / f"{artifact.registry.sha256[:32]}.safetensors")
-    return Ranker(artifact.registry, fused=weights, embeddings_path=embeddings_path(beside))
+    return Ranker(artifact.registry, fused=weights, prior=prior, embeddings_path=embeddings_path(beside),
+                  lexical_path=lexical_path(beside))
 
 
 def embeddings_path(artifact_path: str | Path) -> Path:
     """Where the tools' embeddings of an artifact are kept: beside it."""
     path = Path(artifact_path)
     return path.with_name(path.name.removesuffix(".safetensors") + ".embeddings.safetensors")
+
+
+def lexical_path(artifact_path: str | Path) -> Path:
+    """Where the tools' lexical index of an artifact is kept: beside it."""
+    path = Path(artifact_path)
+    return path.with_name(path.name.removesuffix(".safetensors") + ".lexical.safetensors")
 
 
 def _read_embeddings(path: Path | None, registry_sha256: str) -> npt.NDArray[np.float32] | None:
@@ -182,4 +262,5 @@ def _write_embeddings(path: Path, embeddings: npt.NDArray[np.float32], registry_
         logging.getLogger(__name__).warning("the tools' embeddings were not cached: %s", exc)
 
 
-__all__ = ["RANKERS", "Prior", "Ranker", "RankerError", "Weights", "check_ranker", "embeddings_path", "ranker_for"]
+__all__ = ["DEFAULT_PRIOR", "HYBRID", "PRIORS", "RANKERS", "Prior", "Ranker", "RankerError", "Weights", "check_prior",
+           "check_ranker", "embeddings_path", "lexical_path", "ranker_for", "standardized"]
