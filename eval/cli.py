@@ -21,7 +21,8 @@ def add_commands(commands: Any) -> None:
     ev.add_argument("--dataset", default="metatool-single",
                     help="NAME[:SPLIT] of a bundled set (default split: test) or a JSONL file of {query, tools}")
     ev.add_argument("--arms", default=DEFAULT_EVAL_ARMS,
-                    help=f"comma-separated: engine, fused, hf, unconstrained, xgrammar, retrieval, vllm, "
+                    help=f"comma-separated: engine, fused, hf, unconstrained, xgrammar, retrieval (dense), lexical, "
+                         f"hybrid, vllm, "
                          f"vllm-xgrammar, vllm-unconstrained (default: {DEFAULT_EVAL_ARMS})")
     ev.add_argument("--registry", type=Path, default=None,
                     help="registry file or compiled artifact (default: the dataset's)")
@@ -87,7 +88,7 @@ def registry_and_artifact(registry_path: Path | None, artifact_path: Path | None
 def _eval(args: argparse.Namespace) -> int:
     from transformers.utils import logging as transformers_logging
 
-    from tooltrie.eval.backends import EvalSetup
+    from tooltrie.eval.backends import PRIOR_ARMS, EvalSetup
     from tooltrie.eval.datasets import check_labels, load_split, registry_path
     from tooltrie.eval.harness import evaluate
     from tooltrie.eval.report import write_results
@@ -115,19 +116,19 @@ def _eval(args: argparse.Namespace) -> int:
     check_labels(queries, artifact.registry)
     style = args.prompt_style or info.prompt_style
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
-    ranked = "fused" in arms or ("engine" in arms and args.ranker != "model")
+    ranked = "fused" in arms or ("engine" in arms and args.ranker != "model") or any(a in PRIOR_ARMS for a in arms)
     weights = args.fused_weights or fused_weights(info.adapter, artifact)
     setup = EvalSetup(model=model, tokenizer=tokenizer, artifact=artifact, prompt=Prompt.style(style),
                       batch_size=args.batch, max_new_tokens=args.max_new_tokens, model_path=info.path,
                       artifact_path=args.artifact,
                       options={"ranker": args.ranker, "vllm": vllm_options(args.vllm),
-                               "retrieval": ranker_for(artifact, args.artifact or args.registry, weights)
-                               if ranked else None})
+                               "retrieval": ranker_for(artifact, args.artifact or args.registry, weights,
+                                                       prior=args.prior) if ranked else None})
     meta = {"dataset": name if bundled else str(name), "split": split or ("test" if bundled else "all"),
             "model": info.name, "model_fingerprint": info.fingerprint, "dtype": str(info.dtype).removeprefix("torch."),
             "prompt_style": style, "limit": args.limit,
             "adapter": None if info.adapter is None else str(info.adapter.path),
-            "sample": args.sample, "ranker": args.ranker, "fused_weights": weights.as_dict()}
+            "sample": args.sample, "ranker": args.ranker, "prior": args.prior, "fused_weights": weights.as_dict()}
     results = evaluate(queries, arms, setup, meta=meta)
     paths = write_results(results, args.output, plots=args.plots)
     for arm, data in results["arms"].items():

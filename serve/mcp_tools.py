@@ -27,6 +27,7 @@ from tooltrie.serve.schema import (
     DENY_HELP,
     K_HELP,
     PREFILTER_HELP,
+    PRIOR_HELP,
     QUERY_HELP,
     RANKER_HELP,
     REGISTRY_HELP,
@@ -61,11 +62,12 @@ def mcp_server(service: DiscoveryService) -> MCPServer:
         deny: Annotated[list[str] | None, Field(description=DENY_HELP, strict=True)] = None,
         prefilter: Annotated[int | None, Field(description=PREFILTER_HELP, strict=True)] = None,
         ranker: Annotated[Literal["model", "retrieval", "fused"] | None, Field(description=RANKER_HELP)] = None,
+        prior: Annotated[Literal["dense", "lexical", "hybrid"] | None, Field(description=PRIOR_HELP)] = None,
     ) -> DiscoverResponse:
         scope = getattr(ctx.request_context.request, "scope", {})
         tenant = scope.get(TENANT_SCOPE_KEY)
         ask = DiscoveryRequest(query, k, registry, allow=None if allow is None else tuple(allow),
-                               deny=tuple(deny or ()), prefilter=prefilter, ranker=ranker,
+                               deny=tuple(deny or ()), prefilter=prefilter, ranker=ranker, prior=prior,
                                tenant=tenant if isinstance(tenant, Tenant) else None)
         try:
             body = await service.discover(ask)

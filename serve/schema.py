@@ -22,12 +22,14 @@ REGISTRY_HELP = ("The name of a registry this server serves (GET /v1/registries)
 ALLOW_HELP = ("Tool names or tags the answer may use (a tag: every tool carrying it). Narrows, never widens: with a "
               "policy, an entry outside the tenant's tools is refused like one that does not exist.")
 DENY_HELP = "Tool names or tags the answer may not use."
-PREFILTER_HELP = ("Keep the top N tools (of those allowed) by embedding similarity to the query, then decode within "
+PREFILTER_HELP = ("Keep the top N tools (of those allowed) by the retrieval prior for the query, then decode within "
                   "them; N >= k, at most the registry's --prefilter setting. Default: that setting, else none.")
 
 
-RANKER_HELP = ("What the answer ranks tools by: model (the model's scores), retrieval (embedding similarity of the "
-               "query to each tool) or fused (both, inside the constrained decode). Default: the server's --ranker.")
+RANKER_HELP = ("What the answer ranks tools by: model (the model's scores), retrieval (the retrieval prior alone) or "
+               "fused (both, inside the constrained decode). Default: the server's --ranker.")
+PRIOR_HELP = ("The retrieval prior: dense (embedding similarity of the query to each tool), lexical (BM25 over the "
+              "words inside the tools' names and text) or hybrid (both). Default: the server's --prior.")
 
 
 class DiscoverBody(BaseModel):
@@ -43,6 +45,7 @@ class DiscoverBody(BaseModel):
     deny: list[str] = Field(default_factory=list, description=DENY_HELP)
     prefilter: int | None = Field(default=None, description=PREFILTER_HELP)
     ranker: Literal["model", "retrieval", "fused"] | None = Field(default=None, description=RANKER_HELP)
+    prior: Literal["dense", "lexical", "hybrid"] | None = Field(default=None, description=PRIOR_HELP)
 
 
 class ToolPointer(BaseModel):

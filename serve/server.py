@@ -36,13 +36,13 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tooltrie.errors import TooltrieError
-from tooltrie.ranker import Weights
+from tooltrie.ranker import DEFAULT_PRIOR, Weights
 from tooltrie.serve.errors import QueueFullError, ServeError, UnauthorizedError, UnavailableError
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.mcp_tools import MCP_PATH, TENANT_SCOPE_KEY, mcp_server
 from tooltrie.serve.metrics import ServeMetrics
 from tooltrie.serve.policy import Policy, Tenant, check_open_binding
-from tooltrie.serve.prefilter import Prefilter, PrefilterError, embedding_rankers
+from tooltrie.serve.prefilter import Prefilter, PrefilterError, prior_rankers
 from tooltrie.serve.schema import DiscoverBody, DiscoverResponse, ErrorBody
 from tooltrie.serve.service import Disconnected, DiscoveryRequest, DiscoveryService
 from tooltrie.serve.training import TrainingJob
@@ -100,7 +100,8 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
         """Exactly k distinct tools of the registry that best answer the query, most relevant first."""
         ask = DiscoveryRequest(query=body.query, k=body.k, registry=body.registry,
                                allow=None if body.allow is None else tuple(body.allow), deny=tuple(body.deny),
-                               prefilter=body.prefilter, tenant=_tenant(request), ranker=body.ranker)
+                               prefilter=body.prefilter, tenant=_tenant(request), ranker=body.ranker,
+                               prior=body.prior)
         return await service.discover(ask, disconnected=_until_disconnected(request))
 
     @app.get("/v1/registries", tags=["registries"], responses={401: _ERRORS[401]})
@@ -334,16 +335,16 @@ def prefilter_limits(given: dict[str | None, int], names: list[str]) -> dict[str
 def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool = True, tokenizer: str | None = None,
           host: str = "127.0.0.1", port: int = 8000, limits: ServeLimits | None = None,
           log_level: str = "info", policy: Path | None = None, prefilter: dict[str | None, int] | None = None,
-          dtype: str = "auto", separator: str | None = None, ranker: str = "auto",
+          dtype: str = "auto", separator: str | None = None, ranker: str = "auto", prior: str = DEFAULT_PRIOR,
           fused_weights: Weights | None = None, train: TrainingJob | None = None, vllm_url: str | None = None,
           vllm_model: str | None = None, vllm_artifacts: Path | None = None) -> None:
     """``tooltrie serve``: load the model, compile (or take from the cache) each registry, and serve until
     interrupted. ``registries``: registry files or compiled artifacts (``separator``: the contract's for the files,
     None for the default). ``policy``: the tenants' file (None: open, on loopback only); ``prefilter``: the top N by
     retrieval per registry name (None as the name: every registry), each also the most a request may ask for;
-    ``dtype``: a ``serve.model.DTYPE_NAMES`` entry; ``ranker`` and ``fused_weights``: what answers rank by unless a
-    request says (``tooltrie/ranker.py``; weights None: ``ranker_policy.fused_weights`` per registry). ``train``: each
-    registry gets its own adapter, from the adapter cache or trained in the background by this job
+    ``dtype``: a ``serve.model.DTYPE_NAMES`` entry; ``ranker``, ``prior`` and ``fused_weights``: what answers rank by
+    unless a request says (``tooltrie/ranker.py``; weights None: ``ranker_policy.fused_weights`` per registry).
+    ``train``: each registry gets its own adapter, from the adapter cache or trained in the background by this job
     (``serve/training.py``; ``tooltrie.train.recipe.Recipe``), over the base model (the model's own adapter, if
     any, answers the others meanwhile).
 
@@ -370,7 +371,7 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     tenants = Policy.load(policy) if policy is not None else None
     check_open_binding(host, tenants)  # before anything slow: an open server may listen on loopback only
     names = [registry_of(path).name for path in registries]  # a bad registry file is refused before the model loads
-    rankers, why = embedding_rankers()
+    rankers, why = prior_rankers(prior)
     limits_n = prefilter_limits(prefilter or {}, names)
     trainer = None
     if train is not None:  # adapters are trained on the model as served: its float32 weights' fingerprint keys them
@@ -382,7 +383,7 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     service = DiscoveryService.from_paths(registries, loaded, TokenizerInfo.load(tokenizer or info.tokenizer),
                                           prompt=Prompt.style(info.prompt_style), limits=limits, policy=tenants,
                                           prefilter=Prefilter(rankers, limits=limits_n, unavailable=why),
-                                          separator=separator, ranker=ranker, fused=fused_weights,
+                                          separator=separator, ranker=ranker, prior=prior, fused=fused_weights,
                                           base_adapter=info.adapter, trainer=trainer)
     for name in names:  # the model answers validly anyway, but may not know these tools
         registry = service.served(name)

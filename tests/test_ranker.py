@@ -54,7 +54,7 @@ def test_the_retrieval_ranker_answers_the_priors_top_k_in_order(engine: Engine) 
     for k in (1, 2, 3):
         answers = engine.run([Request(q, k, ranker="retrieval") for q in QUERIES])
         for query, answer in zip(QUERIES, answers, strict=True):
-            order = np.argsort(-engine.ranker.similarities([query])[0], kind="stable")[:k]
+            order = np.argsort(-engine.ranker.prior_scores([query])[0], kind="stable")[:k]
             assert [t.name for t in answer.tools] == [engine.artifact.registry.names[i] for i in order], (query, k)
             assert response(answer, engine.artifact)["ranker"] == {"model": 0.0, "retrieval": 1.0}
 

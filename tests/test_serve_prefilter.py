@@ -37,7 +37,7 @@ from tooltrie.registry import CATALOG_PATH, Registry, make_registry
 from tooltrie.serve.errors import UnavailableError
 from tooltrie.serve.mcp_tools import MCP_PATH, TOOL_NAME
 from tooltrie.serve.policy import Policy
-from tooltrie.serve.prefilter import Prefilter, PrefilterError, Ranker, embedding_rankers
+from tooltrie.serve.prefilter import Prefilter, PrefilterError, Ranker, prior_rankers
 from tooltrie.serve.server import prefilter_limits
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
@@ -225,17 +225,19 @@ def test_a_registrys_own_prefilter_wins_over_the_bare_one_in_any_order() -> None
         prefilter_limits({"nope": 3}, names)
 
 
-def test_real_retriever_answers_with_its_own_top_n(tmp_path: Path) -> None:
-    """all-MiniLM-L6-v2 through ``tooltrie serve``'s own wiring (``embedding_rankers``), on the catalog."""
-    factory, why = embedding_rankers()
+@pytest.mark.parametrize("prior", ["hybrid", "lexical"])
+def test_real_retriever_answers_with_its_own_top_n(tmp_path: Path, prior: str) -> None:
+    """The retrieval prior (all-MiniLM-L6-v2 and BM25) through ``tooltrie serve``'s own wiring (``prior_rankers``),
+    on the catalog."""
+    factory, why = prior_rankers(prior)
     if factory is None:
-        pytest.skip(f"the embedding retriever is not available: {why}")
-    from tooltrie.retrieval import EmbeddingRetriever
+        pytest.skip(f"the {prior} retriever is not available: {why}")
+    from tooltrie.ranker import Ranker as PriorRanker
 
     queries = ("What will the weather be in Paris tomorrow?", "Convert 100 US dollars to euros")
     service = tiny_service([CATALOG_PATH], tmp_path, prefilter=Prefilter(factory))
     with running_server(service) as running, httpx.Client(base_url=running.url, timeout=TIMEOUT) as client:
         replies = [client.post("/v1/discover", json={"query": query, "k": 3, "prefilter": 3}) for query in queries]
-    retriever = EmbeddingRetriever(catalog())
+    ranker = PriorRanker(catalog(), prior=prior)
     for query, reply in zip(queries, replies, strict=True):
-        assert names(reply) == set(retriever.rank(query, 3))
+        assert names(reply) == {catalog().names[i] for i in ranker.rank_indices(query, 3)}

@@ -197,7 +197,7 @@ def _ask(args: argparse.Namespace) -> int:
     retrieval = locate_minilm() is not None
     ranked = auto_ranker(info.adapter, artifact, retrieval=retrieval) if args.ranker == "auto" else args.ranker
     weights = args.fused_weights or fused_weights(info.adapter, artifact)
-    ranker = None if ranked == "model" else ranker_for(artifact, source, weights)
+    ranker = None if ranked == "model" else ranker_for(artifact, source, weights, prior=args.prior)
     engine = Engine(model, tokenizer, artifact, prompt=Prompt.style(info.prompt_style), ranker=ranker)
     answer = engine.run([Request(args.query, args.k, ranker=ranked)])[0]
     body = response(answer, artifact)
@@ -237,8 +237,8 @@ def _serve(args: argparse.Namespace) -> int:
         recipe = Recipe()
     serve(registries=args.registry or [CATALOG_PATH], model=args.model, adapter=not args.base, tokenizer=args.tokenizer,
           host=args.host, port=args.port, limits=limits, policy=args.policy, prefilter=prefilter, dtype=args.dtype,
-          separator=args.separator, ranker=args.ranker, fused_weights=args.fused_weights, train=recipe,
-          vllm_url=args.vllm_url, vllm_model=args.vllm_model, vllm_artifacts=args.vllm_artifacts)
+          separator=args.separator, ranker=args.ranker, prior=args.prior, fused_weights=args.fused_weights,
+          train=recipe, vllm_url=args.vllm_url, vllm_model=args.vllm_model, vllm_artifacts=args.vllm_artifacts)
     return 0
 
 

@@ -38,14 +38,18 @@ def fused_weights(text: str) -> Any:
 
 
 def add_ranker_options(command: argparse.ArgumentParser, *, what: str = "the", default: str = "auto") -> None:
-    """``--ranker`` and ``--fused-weights`` (names kept in step with ``tooltrie/ranker.py``)."""
-    from tooltrie.ranker import RANKERS, UNTRAINED
+    """``--ranker``, ``--prior`` and ``--fused-weights`` (names kept in step with ``tooltrie/ranker.py``)."""
+    from tooltrie.ranker import DEFAULT_PRIOR, PRIORS, RANKERS, UNTRAINED
 
     auto = (" (auto: the model alone on the registry its adapter was trained on, else fused where "
             "all-MiniLM-L6-v2 is installed)") if default == "auto" else ""
     command.add_argument("--ranker", choices=("auto", *RANKERS) if default == "auto" else RANKERS, default=default,
-                         help=f"what {what} answers rank by: the model, retrieval (all-MiniLM-L6-v2 similarity) or "
+                         help=f"what {what} answers rank by: the model, retrieval (the prior alone) or "
                               f"both fused inside the decode (default: {default}{auto})")
+    command.add_argument("--prior", choices=PRIORS, default=DEFAULT_PRIOR,
+                         help="the retrieval prior: dense (all-MiniLM-L6-v2 similarity), lexical (BM25 over the "
+                              "words inside the tools' names and text) or hybrid (both; default: "
+                              f"{DEFAULT_PRIOR})")
     command.add_argument("--fused-weights", type=fused_weights, default=None, metavar="MODEL,RETRIEVAL",
                          help="the fused ranker's weights (default: on the registry the adapter was trained on, "
                               f"its own; elsewhere {UNTRAINED.model:g},{UNTRAINED.retrieval:g}: retrieval leading)")

@@ -54,7 +54,7 @@ DEFAULT_PRIOR = "hybrid"
 ENCODER = "all-MiniLM-L6-v2"
 # The hybrid prior's weights on the dense and the lexical z-scores. Chosen on the validation splits of BFCL and of the
 # MetaTool catalog, never on a test split (bench/sweep_prior.py; docs/benchmarks.md#the-retrieval-prior).
-HYBRID = {"dense": 1.0, "lexical": 1.0}
+HYBRID = {"dense": 1.0, "lexical": 0.15}
 
 
 class RankerError(TooltrieError, ValueError):

@@ -1,0 +1,96 @@
+"""The lexical prior's cost (``tooltrie/lexical.py``): building the BM25 index of a registry (the words split out of
+every tool, then bm25s's index), reading it back from the file kept beside the artifact, and scoring one query
+(BM25 over every tool, then the z-scores the prior uses), on one core.
+
+Registries: BFCL's 1,853 tools, then synthetic ones of 10,000 and 100,000 tools (``bench_compile.synthetic_names``,
+each with a one-sentence description and two parameters made from the name's words and a pool of phrases, about
+the size of a typical OpenAI tool). Queries: BFCL's validation requests. Targets (reported, never asserted): an
+index of 100,000 tools in at most 2 s, a query's scores in a few milliseconds.
+
+    NUMBA_NUM_THREADS=1 python bench/bench_lexical.py [--sizes 1853,10000,100000] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from _common import median, print_table, summarize, take_turns, write_results
+from bench_compile import synthetic_names
+
+from tooltrie.eval.datasets import load_split
+from tooltrie.lexical import LexicalIndex
+from tooltrie.ranker import standardized
+from tooltrie.registry import BFCL_PATH, Registry, load_registry, make_registry
+
+TARGETS = {"index_s_at_100k": 2.0, "query_ms_at_100k": 5.0}
+_PHRASES = ("for a given date range", "and returns the matching records", "with optional filters",
+            "in the user's account", "as a paginated list", "by its identifier", "for the current user",
+            "and sends a notification", "in the requested currency", "from the connected service")
+
+
+def synthetic_registry(size: int, seed: int = 0) -> Registry:
+    """``size`` tools with realistic names, a description and two described parameters each."""
+    rng = random.Random(seed)
+    tools = []
+    for name in synthetic_names(size, seed):
+        domain, _, action = name.partition(".")
+        words = action.replace("_", " ")
+        tools.append({"name": name, "description": f"{words.capitalize()} in {domain} {rng.choice(_PHRASES)}.",
+                      "parameters": [{"name": f"{domain}_id", "description": f"The {domain} account to use."},
+                                     {"name": "limit", "description": "How many results to return at most."}]})
+    return make_registry(tools, name=f"synthetic-{size}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", default="1853,10000,100000")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--queries", type=int, default=100, help="BFCL validation requests timed per registry")
+    parser.add_argument("-o", "--output", default=None, help="JSON file (default bench/results/lexical.json)")
+    args = parser.parse_args(argv)
+
+    queries = [q.query for q in load_split("bfcl", "validation")][: args.queries]
+    rows, results = [], []
+    for size in (int(s) for s in args.sizes.split(",")):
+        registry = load_registry(BFCL_PATH) if size == 1853 else synthetic_registry(size)
+        index = LexicalIndex.build(registry)  # warm: imports, the word pattern
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "tools.trie.lexical.safetensors"
+            LexicalIndex.cached(registry, path)
+            times = take_turns({"build": lambda registry=registry: LexicalIndex.build(registry),
+                                "read back": lambda registry=registry, path=path: LexicalIndex.cached(registry, path)},
+                               repeats=args.repeats)
+        scores, priors = [], []
+        for query in queries:
+            began = time.perf_counter()
+            row = index.scores(query)
+            middle = time.perf_counter()
+            standardized(row[None, :])
+            scores.append(time.perf_counter() - began)
+            priors.append(time.perf_counter() - middle)
+        result = {"registry": registry.name, "tools": len(registry),
+                  "build_s": summarize(times["build"].samples["wall"]),
+                  "read_back_s": summarize(times["read back"].samples["wall"]),
+                  "query_ms": summarize([1000 * s for s in scores]),
+                  "z_scores_ms": summarize([1000 * s for s in priors])}
+        results.append(result)
+        rows.append({"registry": registry.name, "tools": len(registry),
+                     "index build s": median(times["build"].samples["wall"]),
+                     "read back s": median(times["read back"].samples["wall"]),
+                     "query ms (median)": median([1000 * s for s in scores]),
+                     "query ms (max)": max(1000 * s for s in scores),
+                     "z-scores ms": median([1000 * s for s in priors])})
+    print_table(rows, title="lexical prior, one core")
+    path = write_results("lexical", settings={"sizes": args.sizes, "repeats": args.repeats,
+                                              "queries": len(queries), "targets": TARGETS},
+                         results=results, out=args.output)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
