@@ -3,7 +3,8 @@
 lexical weights, min-max-scaled scores summed, and reciprocal-rank fusion (RRF, k = 60). Each is scored by the top k
 tools it ranks first (exact set, top-1, recall@k). Prints a table and writes JSON (machine, versions, settings).
 
-    .venv/bin/python bench/sweep_prior.py --datasets bfcl:validation,metatool-single:validation,metatool-multi:validation
+    .venv/bin/python bench/sweep_prior.py \
+        --datasets bfcl:validation,metatool-single:validation,metatool-multi:validation
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import numpy as np
 import numpy.typing as npt
 from _common import print_table, write_results
 
+from tooltrie.compiler.cache import default_cache_dir
 from tooltrie.eval.datasets import load_split, registry_path
 from tooltrie.eval.scoring import answer_rates
-from tooltrie.compiler.cache import default_cache_dir
 from tooltrie.ranker import Ranker, embeddings_path, lexical_path, standardized
 from tooltrie.registry import load_registry
 
@@ -44,7 +45,8 @@ def combinations(weights: list[float]) -> dict[str, Callable[[Scores, Scores], S
         "lexical": lambda dense, lexical: lexical,
     }
     for w in weights:
-        ways[f"z dense + {w:g} z lexical"] = lambda dense, lexical, w=w: standardized(dense) + w * standardized(lexical)
+        ways[f"z dense + {w:g} z lexical"] = (
+            lambda dense, lexical, w=w: standardized(dense) + w * standardized(lexical))
     ways["min-max sum"] = lambda dense, lexical: min_max(dense) + min_max(lexical)
     ways["reciprocal-rank fusion"] = lambda dense, lexical: reciprocal_ranks(dense) + reciprocal_ranks(lexical)
     return ways
@@ -54,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", default="bfcl:validation,metatool-single:validation,metatool-multi:validation",
                         help="comma-separated NAME:SPLIT of bundled sets (never a test split for choosing)")
-    parser.add_argument("--weights", default="0.1,0.15,0.2,0.25,0.3,0.4,0.5,1", help="lexical z-score weights (dense's at 1)")
+    parser.add_argument("--weights", default="0.1,0.15,0.2,0.25,0.3,0.4,0.5,1",
+                        help="lexical z-score weights (dense's at 1)")
     parser.add_argument("-o", "--output", default=None, help="JSON file (default bench/results/sweep-prior.json)")
     args = parser.parse_args(argv)
 

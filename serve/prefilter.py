@@ -1,6 +1,7 @@
-"""The retrieval pre-filter, for very large registries: the top N tools of a request's allowed set by the retrieval
-prior (``tooltrie.ranker``: hybrid, dense or lexical) for its query become its allowed subset, and the model decodes within them ("tool RAG" in front, the exact
-constraint still behind: the answer is k distinct tools of those N, never anything else).
+"""The retrieval pre-filter, for very large registries: the top N tools of a request's allowed set by the
+retrieval prior (``tooltrie.ranker``: hybrid, dense or lexical) for its query become its allowed subset, and the
+model decodes within them ("tool RAG" in front, the exact constraint still behind: the answer is k distinct tools of
+those N, never anything else).
 
 N comes from the request (``"prefilter": N``) or from the registry's setting (``tooltrie serve --prefilter
 [REGISTRY=]N``), which is both the default and the most a request may ask for. Anything with

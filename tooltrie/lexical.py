@@ -56,7 +56,9 @@ def _word_pattern() -> re.Pattern[str]:
     """A word: an upper-case run that ends before a capitalised word (``HTTP`` in ``HTTPServer``), a capital and the
     lower-case letters after it, a run of capitals, or a run of digits. Python's ``re`` has no Unicode case classes,
     so they are spelled out once from the Basic Multilingual Plane (about 30 ms): letters beyond it separate words."""
-    upper, other, digit = [], [], []
+    upper: list[int] = []
+    other: list[int] = []
+    digit: list[int] = []
     for code in range(0x10000):
         character = chr(code)
         if character.isdigit():

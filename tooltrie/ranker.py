@@ -117,8 +117,9 @@ def standardized(scores: npt.ArrayLike) -> npt.NDArray[np.float32]:
     values = np.asarray(scores, dtype=np.float64)
     centred = values - values.mean(axis=1, keepdims=True)
     spread = centred.std(axis=1, keepdims=True)
-    z = np.divide(centred, spread, out=np.zeros_like(centred), where=spread > 1e-12)
-    return z.astype(np.float32)
+    z: npt.NDArray[np.float32] = np.divide(centred, spread, out=np.zeros_like(centred),
+                                           where=spread > 1e-12).astype(np.float32)
+    return z
 
 
 class Ranker:
