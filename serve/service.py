@@ -468,17 +468,16 @@ class DiscoveryService:
     def _retrieve(self, served: ServedRegistry, retriever: Ranker | None, query: str, ranker: str, kind: str,
                   n: int | None, within: frozenset[int]) -> tuple[frozenset[int], Prior | None]:
         """Retrieval's part of admission: (the ``n`` tools of ``within`` a pre-filter keeps, or ``within`` itself
-        without one; the request's prior of ``kind``, made by ``retriever``, the registry's ranker). The query's prior
-        scores are made once: the pre-filter ranks by the scores the request's prior is made of (the encoder, tool
-        texts and lexical index the pre-filter's own retriever uses)."""
+        without one; the request's prior of ``kind``, made by ``retriever``, the registry's ranker). A request ranked by
+        retrieval or fused makes its query's prior scores once: the pre-filter ranks by the scores its prior is made
+        of (the encoder, tool texts and lexical index the pre-filter's own retriever uses)."""
+        prior_from = retriever if ranker != "model" else None
         scores = None
-        if retriever is not None and (n is not None or retriever.weights(ranker).retrieval):
-            scores = retriever.prior_scores([query], kind)[0]
+        if prior_from is not None and (n is not None or prior_from.weights(ranker).retrieval):
+            scores = prior_from.prior_scores([query], kind)[0]
         kept = within if n is None else self.prefilter.top(served.artifact.registry, query, n, within=within,
                                                            scores=scores)
-        if retriever is None or ranker == "model":
-            return kept, None
-        return kept, retriever.row(query, ranker, prior=kind, scores=scores)
+        return kept, None if prior_from is None else prior_from.row(query, ranker, prior=kind, scores=scores)
 
     def _check_answer(self, tenant: Tenant | None, admitted: Admitted, outcome: Answered) -> None:
         """The mask already kept the answer inside the allowed tools; this checks it again under the registry

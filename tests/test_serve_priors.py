@@ -54,7 +54,8 @@ class NeverAsked:
 def test_priors_are_made_at_admission_once_per_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     encoder = ThreadRecordingEncoder()
     monkeypatch.setattr(service_module, "ranker_for",
-                        lambda artifact, source, weights: Ranker(artifact.registry, fused=WEIGHTS, encoder=encoder))
+                        lambda artifact, source, weights, prior: Ranker(artifact.registry, fused=WEIGHTS, prior=prior,
+                                                                        encoder=encoder))
     retriever = NeverAsked()
     tokenizer = smollm_tokenizer()
     served = ServedRegistry.load(CATALOG_PATH, tokenizer, service_module.Prompt(), cache_dir=tmp_path)
@@ -85,7 +86,7 @@ def test_priors_are_made_at_admission_once_per_request(tmp_path: Path, monkeypat
     engine = Engine(tiny_model(), tokenizer, served.artifact, ranker=ranker)
     names = served.artifact.registry.names
     for ask, body in zip(asks, bodies, strict=True):
-        order = np.argsort(-ranker.similarities([ask.query])[0], kind="stable")
+        order = np.argsort(-ranker.prior_scores([ask.query])[0], kind="stable")
         allow = tuple(names[i] for i in order[: ask.prefilter or len(names)])
         expected = engine.run([Request(ask.query, ask.k, ranker=ask.ranker or "model", allow=allow)])[0]
         assert [tool["name"] for tool in body["tools"]] == [tool.name for tool in expected.tools], ask  # type: ignore[index, union-attr]
