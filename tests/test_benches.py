@@ -64,6 +64,12 @@ def test_bench_constraint_runs_and_its_arms_agree(tmp_path):
             assert config["arms"][arm]["status"] == "ok", (arm, config["arms"][arm]["status"])
 
 
+def test_bench_lexical_runs_and_reads_back_what_it_built(tmp_path):
+    results = _run("bench_lexical.py", tmp_path / "lexical.json", "--sizes", "300", "--repeats", "1", "--queries", "3")
+    (size,) = results
+    assert size["tools"] == 300 and size["build_s"]["median"] > 0 and size["query_ms"]["median"] > 0
+
+
 def test_transfer_split_writes_the_queries_of_each_half(tmp_path):
     from tooltrie.eval.datasets import load_split, registry_path
     from tooltrie.registry import load_registry
