@@ -124,12 +124,13 @@ $(VLLM_ENV)/.installed: | install
 $(VLLM_033_ENV)/.installed: | install
 	$(call vllm_env,$(VLLM_033_ENV),vllm==0.33.0,$(VLLM_033_DEPS))
 
-# The adapters against vLLM's interface classes (0.33's, then 0.32's), then vLLM 0.32's engine on the CPU
+# The adapters against vLLM's interface classes (0.33's; 0.32's, its Sampler too), then vLLM 0.32's engine on the CPU
 # (tests/test_vllm_engine*.py: `LLM.generate` and `vllm serve` with the processor loaded).
 VLLM_INTERFACE_TESTS := tests/test_vllm_processors.py tests/test_integrations_agree.py
 test-vllm: $(VLLM_ENV)/.installed $(VLLM_033_ENV)/.installed
 	NUMBA_ENABLE_CUDASIM=1 $(VLLM_033_ENV)/bin/python -m pytest -p no:cacheprovider $(VLLM_INTERFACE_TESTS)
-	$(VLLM_ENV)/bin/python -m pytest -p no:cacheprovider $(VLLM_INTERFACE_TESTS) $(wildcard tests/test_vllm_engine*.py)
+	$(VLLM_ENV)/bin/python -m pytest -p no:cacheprovider $(VLLM_INTERFACE_TESTS) tests/test_vllm_v1_adapter.py \
+		$(wildcard tests/test_vllm_engine*.py)
 
 inspect: $(ARTIFACT)
 	$(BIN)/tooltrie inspect $(ARTIFACT)
