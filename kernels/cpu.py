@@ -7,6 +7,7 @@ the whole row: with ``hidden`` and an output embedding ``W`` instead of logits i
 
 from __future__ import annotations
 
+import functools
 from functools import cached_property
 from typing import Any
 
@@ -74,7 +75,7 @@ class CpuBackend(HostState):
         self.trie = tuple(np.ascontiguousarray(getattr(trie, name)) for name in TRIE_FIELDS)
         self.n_tools, self.eos_id = trie.n_tools, artifact.eos_id
         self.reasoning_end_id = -1 if reasoning_end_id is None else reasoning_end_id
-        self.node_words, self.node_cached = node_masks(artifact, min_edges=cached_min_edges)
+        self.cached_min_edges = cached_min_edges
 
     def accept(self, state: BatchState, rows: npt.NDArray[np.int32], tokens: npt.NDArray[np.int32],
                n_tokens: npt.NDArray[np.int32]) -> None:
@@ -87,7 +88,7 @@ class CpuBackend(HostState):
 
     def fill_bitmask(self, state: BatchState, rows: npt.NDArray[np.int32], bitmask: npt.NDArray[np.int32]) -> None:
         fill_rows(self.trie, self.n_tools, self.eos_id, state.table, state.counts, state.allowed, rows, bitmask,
-                  self.node_words, self.node_cached)
+                  *self.node_masks)
 
     def mask_logits_(self, state: BatchState, rows: npt.NDArray[np.int32], logits: Any, bitmask: Any) -> None:
         self.fill_bitmask(state, rows, bitmask)
@@ -112,6 +113,12 @@ class CpuBackend(HostState):
     def ranked(self, state: BatchState) -> tuple[npt.NDArray[Any], ...]:
         """The walk's ``ranked`` argument for this state."""
         return (state.ranker, *self.tools_below) if state.ranker.shape[0] else no_ranker()
+
+    @cached_property
+    def node_masks(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """(node_words, node_cached) of :func:`node_masks`, made on the first fill (a backend that only chooses
+        never needs them)."""
+        return node_masks(self.artifact, min_edges=self.cached_min_edges)
 
     @cached_property
     def tools_below(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
@@ -254,10 +261,16 @@ def sparse_step(artifact: Artifact, state: BatchState, hidden: Any, output_embed
 
 def _step(artifact: Artifact, state: BatchState, scores: Any, hidden: Any, reasoning_end_id: int | None,
           vocab: VocabMap | None, stats: npt.NDArray[np.float64] | None) -> npt.NDArray[np.int32]:
-    backend = CpuBackend(artifact, reasoning_end_id=reasoning_end_id)
+    backend = _step_backend(artifact, reasoning_end_id)
     rows = np.arange(len(state), dtype=np.int32)
     out = Outputs(np.empty(len(state), np.int32), no_rows(3, dtype=np.float64) if stats is None else stats,
                   no_rows(3), no_rows(0), no_rows())
     backend.choose(state, rows, scores, hidden, vocab, out)
     chosen: npt.NDArray[np.int32] = out.chosen
     return chosen
+
+
+@functools.lru_cache(maxsize=8)  # a few artifacts at once (an artifact compares by identity)
+def _step_backend(artifact: Artifact, reasoning_end_id: int | None) -> CpuBackend:
+    """The backend ``step`` and ``sparse_step`` keep per artifact: made once, not at every step."""
+    return CpuBackend(artifact, reasoning_end_id=reasoning_end_id)

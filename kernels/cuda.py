@@ -263,13 +263,6 @@ def _count_subset_paths(tool_path_start: Any, tool_path_edges: Any, n_tools: int
                 cuda.atomic.add(counts, (rows[i], tool_path_edges[j]), 1)
 
 
-@cuda.jit
-def _gather_rows(old_table: Any, order: Any, new_table: Any) -> None:
-    row, column = cuda.grid(2)
-    if row < new_table.shape[0] and column < new_table.shape[1]:
-        new_table[row, column] = old_table[order[row], column]
-
-
 def _cached_kernels(key: tuple[str, str, str], make: Any) -> Any:
     if key in _kernels:
         _kernels.move_to_end(key)
@@ -517,21 +510,6 @@ class CudaStepper:
         rows = np.arange(table.shape[0], dtype=np.int32)
         out = Outputs(chosen, cuda.device_array((0, 3), np.float64) if stats is None else stats, *self._no_outputs)
         backend.choose(BatchState(np.zeros((0, 0), np.int32)), rows, scores, hidden, vocab, out)
-
-
-def compact_on_device(table: Any, batch_mapping: Any) -> Any:
-    """The slot table after an eviction (``batch_mapping[i]``: old slot i's new index, or -1), gathered on the
-    device; returns a new device array."""
-    mapping = np.asarray(batch_mapping, dtype=np.int64)
-    kept = int((mapping >= 0).sum())
-    order = np.empty(kept, dtype=np.int64)
-    order[mapping[mapping >= 0]] = np.nonzero(mapping >= 0)[0]
-    new_table = cuda.device_array((kept, table.shape[1]), dtype=np.int32)
-    if kept:
-        threads = (8, 32)
-        blocks = ((kept + 7) // 8, (table.shape[1] + 31) // 32)
-        _gather_rows[blocks, threads](table, cuda.to_device(order), new_table)
-    return new_table
 
 
 def _blocks(n: int) -> int:

@@ -146,27 +146,6 @@ class BatchState:
                 state._limit(artifact, row, subset)
         return state
 
-    @classmethod
-    def from_slots(cls, artifact: Artifact, slots: Sequence[Slot], *, counts: bool = True) -> BatchState:
-        """A table of constrained slots as they stand (e.g. an engine's host slots at a decision point, for one
-        kernel step over them). A slot's ``allowed`` gives its row an allowed-tool bitmap and, with ``counts``,
-        its edge counts; ``counts=False`` leaves ``counts`` without rows for a device backend that derives them
-        from ``allowed`` (``CudaStepper.subsets``): such a state is not for the host walk."""
-        state = cls.start(artifact, [max(slot.k, 1) for slot in slots])  # fresh rows, then each slot's place
-        if any(slot.allowed is not None for slot in slots):
-            if counts:
-                for row, slot in enumerate(slots):
-                    state._limit(artifact, row, slot.allowed)
-            else:
-                state.allowed = np.ones((len(slots), artifact.trie.n_tools), dtype=np.uint8)
-                for row, slot in enumerate(slots):
-                    if slot.allowed is not None:
-                        state.allowed[row] = 0
-                        state.allowed[row, list(slot.allowed)] = 1
-        for row, slot in enumerate(slots):
-            state.set_slot(row, slot)
-        return state
-
     def _limit(self, artifact: Artifact, row: int, subset: Subset) -> None:
         """Give ``row`` the edge counts and allowed tools of ``subset`` (None: the whole registry)."""
         trie = artifact.trie
@@ -227,8 +206,6 @@ class BatchState:
         self.k[row] = k
         self.constrained[row], self.thinking[row] = constrained, thinking
         self.set_slot(row, Slot.start(artifact.trie, max(k, 1)))
-
-    reset = add  # a row reused for a new request
 
     def _rank(self, artifact: Artifact, row: int, prior: npt.ArrayLike | None, model_weight: float) -> None:
         """Give ``row`` its ranker (None: none)."""

@@ -24,7 +24,7 @@ if not (config.ENABLE_CUDASIM or cuda.is_available()):
     pytest.skip("no GPU here and NUMBA_ENABLE_CUDASIM is not set: the CUDA kernels cannot run",
                 allow_module_level=True)
 
-from tooltrie.kernels.cuda import CudaStepper, compact_on_device
+from tooltrie.kernels.cuda import CudaStepper
 
 VARIANTS = [("constant", "warp"), ("constant", "thread"), ("global", "warp"), ("global", "thread")]
 
@@ -108,15 +108,6 @@ def test_two_grammars_alternating_never_mix(tools_artifact, probe_artifact):
         assert state_ref.status[0] == DONE, name
     probe_tools = {probe_artifact.registry.names[t] for t in states["probe"][1].tools(0)}
     assert probe_tools == {"ping", "pong"}
-
-
-def test_compaction_on_device_matches_host(tools_artifact):
-    state = BatchState.start(tools_artifact, [1, 2, 3, 2])
-    state.node[:] = [5, 6, 7, 8]  # distinguishable rows
-    mapping = [1, -1, 0, 2]
-    moved = compact_on_device(cuda.to_device(state.table), mapping).copy_to_host()
-    state.compact(mapping)
-    np.testing.assert_array_equal(moved, state.table)
 
 
 def test_sparse_head_picks_what_full_head_with_mask_picks(tools_artifact):

@@ -403,3 +403,28 @@ def test_the_compiled_mask_writes_minus_inf_exactly_where_the_bitmask_is_clear(
     allowed[rows < 0] = True
     expected = torch.where(torch.from_numpy(allowed), logits, torch.tensor(-math.inf, dtype=logits.dtype))
     assert torch.equal(masked, expected)
+
+
+def test_the_public_step_keeps_its_backend(artifacts: list[Artifact], monkeypatch: pytest.MonkeyPatch) -> None:
+    """``kernels.step`` makes its CPU backend once per artifact, not at every step, and a backend that only chooses
+    never builds the node masks a fill reads; the steps still choose what the reference chooses."""
+    from tooltrie.kernels import BatchState, cpu, step
+
+    made: list[Artifact] = []
+    init = cpu.CpuBackend.__init__
+
+    def counting(self: cpu.CpuBackend, artifact: Artifact, **options: Any) -> None:
+        made.append(artifact)
+        init(self, artifact, **options)
+
+    monkeypatch.setattr(cpu.CpuBackend, "__init__", counting)
+    cpu._step_backend.cache_clear()
+    rng = np.random.default_rng(4)
+    for artifact in artifacts[:2]:
+        state, oracle = BatchState.start(artifact, [2, 1]), BatchState.start(artifact, [2, 1])
+        for _ in range(6):
+            logits = rng.standard_normal((2, artifact.max_token_id + 1)).astype(np.float32)
+            np.testing.assert_array_equal(step(artifact, state, logits),
+                                          step(artifact, oracle, logits, backend="reference"))
+    assert made == artifacts[:2]
+    assert all("node_masks" not in vars(cpu._step_backend(a, None)) for a in artifacts[:2])

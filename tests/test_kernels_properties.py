@@ -344,7 +344,7 @@ def test_k_outside_bounds_refused_up_front(k: int) -> None:
     state = BatchState.start(artifact, [1, 1])
     before = state.table.copy()
     with pytest.raises(DecodeError):
-        state.reset(artifact, 1, k)
+        state.add(artifact, 1, k)
     np.testing.assert_array_equal(state.table, before)
     BatchState.start(artifact, [k if k >= 0 else 0], constrained=[False])  # no grammar, no bound
 
@@ -424,7 +424,7 @@ def test_reset_finished_row_starts_a_new_answer(backend: str) -> None:
         ids[1].append(chosen[1])
     check_answer(artifact, tokenizer, state, 0, ids[0], 1)
     for new_k in (2, 6):  # 6 is wider than the table was: the table grows
-        state.reset(artifact, 0, new_k)
+        state.add(artifact, 0, new_k)
         assert int(state.status[0]) == RUNNING and state.tools(0) == [] and int(state.k[0]) == new_k
         ids[0] = []
         while int(state.status[0]) == RUNNING:
@@ -436,7 +436,7 @@ def test_reset_finished_row_starts_a_new_answer(backend: str) -> None:
             ids[0].append(chosen[0])
         check_answer(artifact, tokenizer, state, 0, ids[0], new_k)
     # Reused as a row without a grammar: plain argmax, done at the stop token.
-    state.reset(artifact, 0, 0, constrained=False)
+    state.add(artifact, 0, 0, constrained=False)
     logits = np.zeros((2, width), np.float32)
     logits[0, artifact.eos_id] = 1.0
     assert step(artifact, state, logits, backend=backend).tolist()[0] == artifact.eos_id

@@ -160,7 +160,7 @@ def test_empty_too_small_or_unknown_subsets_are_refused(subset: frozenset[int], 
         TrieMatcher(artifact, k, allowed=subset)
     state = BatchState.start(artifact, [1])
     with pytest.raises(DecodeError, match=message):
-        state.reset(artifact, 0, k, subset=subset)
+        state.add(artifact, 0, k, subset=subset)
 
 
 def test_slots_keep_their_subsets_through_compact_and_reset() -> None:
@@ -169,7 +169,7 @@ def test_slots_keep_their_subsets_through_compact_and_reset() -> None:
     state = BatchState.start(artifact, [1, 1, 1], subsets=[None, frozenset({1}), frozenset({2, 3})])
     state.compact([-1, 1, 0])
     assert state.slot(0).allowed == frozenset({2, 3}) and state.slot(1).allowed == frozenset({1})
-    state.reset(artifact, 0, 2, subset=None)
+    state.add(artifact, 0, 2, subset=None)
     assert state.slot(0).allowed == frozenset(range(5))  # the whole registry, spelled out
     np.testing.assert_array_equal(state.counts[0], artifact.trie.edge_tool_count)
 

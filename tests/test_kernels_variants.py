@@ -51,7 +51,7 @@ class Walker:
         bitmask = np.zeros(get_bitmask_shape(1, self.width), np.int32)
         s = self.state
         self.module.fill_rows(*self._args(), s.table.copy(), s.counts, s.allowed, self.rows, bitmask,
-                              self.backend.node_words, self.backend.node_cached)
+                              *self.backend.node_masks)
         bits = np.unpackbits(bitmask.view(np.uint8), bitorder="little")
         return set(np.flatnonzero(bits).tolist())
 

@@ -233,7 +233,6 @@ def test_the_engine_never_walks_the_readable_rules(setups: dict[str, Setup], mon
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, trap)
     monkeypatch.setattr(state.BatchState, "slot", trap)
-    monkeypatch.setattr(state.BatchState, "from_slots", trap)
     setup = setups["small"]
     requests = [Request("What is the weather in Paris?", 3), Request("hi", 1, allow=("get", "get_users"))]
     assert all(answer.finish_reason == "stop" for answer in setup.engine.run(requests))
