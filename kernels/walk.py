@@ -192,24 +192,24 @@ def terminal_open(table: Any, allowed: Any, row: int, tool: int) -> bool:
 
 
 @_jit
-def next_crossing(table: Any, row: int, emitted: int, extra_tool: int, trie_index: int, at_depth: int,
-                  n_tools: int, tool_path_start: Any, tool_path_edges: Any, lowest: int) -> tuple[int, int]:
+def next_crossing(table: Any, row: int, extra_tool: int, trie_index: int, at_depth: int, n_tools: int, trie: Any,
+                  lowest: int) -> tuple[int, int]:
     """The lowest edge from ``lowest`` on that a used tool (or ``extra_tool``, unless -1) crosses at ``at_depth`` of
     trie ``trie_index``, and how many of them cross it; ``NO_EDGE`` and 0 when none does. Each tool's path has
     one edge per depth, so only these edges lose count at a node (those of other nodes are never scanned). With
-    no-repeat off nothing crosses."""
+    no-repeat off nothing crosses. The one place the used tools below an edge are counted: a scan over a node's
+    edges in ascending order asks again only once past the edge it was given (:func:`open_edge`,
+    :func:`mark_node`); one edge asks once (:func:`edge_count`)."""
     edge, times = NO_EDGE, 0
     if not NO_REPEAT:
         return edge, times
+    emitted = table[row, EMITTED]
     for j in range(emitted + (1 if extra_tool >= 0 else 0)):
-        used = table[row, USED + j] if j < emitted else extra_tool
-        start = tool_path_start[trie_index * n_tools + used]
-        if at_depth < tool_path_start[trie_index * n_tools + used + 1] - start:
-            crossed = tool_path_edges[start + at_depth]
-            if lowest <= crossed < edge:
-                edge, times = crossed, 1
-            elif crossed == edge:
-                times += 1
+        crossed = crossed_edge(table, row, j, emitted, extra_tool, trie_index, at_depth, n_tools, trie)
+        if lowest <= crossed < edge:
+            edge, times = crossed, 1
+        elif crossed == edge:
+            times += 1
     return edge, times
 
 
@@ -254,14 +254,20 @@ def open_edge(i: int, stride: int, row: int, fr: Any, trie: Any, n_tools: int, t
         edge, kind, trie_index, at_depth, extra_tool = hop_first + i - n_own, MOVE_HOP, hop_trie, 0, tool
         if i - stride < n_own:  # this lane's first hop edge, at another node: crossings are looked up afresh
             crossing_edge = -1
-    count = counts[row, edge] if counts.shape[0] > 0 else trie[3][edge]
+    count = allowed_count(row, edge, trie, counts)
     if NO_REPEAT and edge >= crossing_edge:  # with no-repeat off, nothing is subtracted
         if edge > crossing_edge:
-            crossing_edge, crossing_times = next_crossing(table, row, table[row, EMITTED], extra_tool, trie_index,
-                                                          at_depth, n_tools, trie[7], trie[8], edge)
+            crossing_edge, crossing_times = next_crossing(table, row, extra_tool, trie_index, at_depth, n_tools, trie,
+                                                          edge)
         if edge == crossing_edge:
             count -= crossing_times
     return edge, kind, count, crossing_edge, crossing_times
+
+
+@_jit
+def allowed_count(row: int, edge: int, trie: Any, counts: Any) -> int:
+    """The allowed tools below an edge, used or not: the row's subset count, or the compiled one (no subsets)."""
+    return counts[row, edge] if counts.shape[0] > 0 else trie[3][edge]
 
 
 @_jit
@@ -420,13 +426,9 @@ def edge_count(row: int, edge: int, trie_index: int, depth: int, extra_tool: int
                table: Any, counts: Any) -> int:
     """The unused allowed tools below one edge at ``depth`` of trie ``trie_index``: its compiled (or the row's
     subset) count minus the used tools (and ``extra_tool``, unless -1) whose path crosses it."""
-    count = counts[row, edge] if counts.shape[0] > 0 else trie[3][edge]
-    if NO_REPEAT:
-        emitted = table[row, EMITTED]
-        for j in range(emitted + (1 if extra_tool >= 0 else 0)):
-            if crossed_edge(table, row, j, emitted, extra_tool, trie_index, depth, n_tools, trie) == edge:
-                count -= 1
-    return count
+    count = allowed_count(row, edge, trie, counts)
+    crossed, times = next_crossing(table, row, extra_tool, trie_index, depth, n_tools, trie, edge)
+    return count - times if crossed == edge else count
 
 
 @_jit
@@ -493,23 +495,13 @@ def mark_node(row: int, srow: int, trie: Any, n_tools: int, table: Any, words: A
     n = hi - lo
     for word in range(min(words.shape[0], bitmask.shape[1])):
         bitmask[srow, word] |= words[word]
-    if not NO_REPEAT:
-        return n
-    emitted = table[row, EMITTED]
-    n_used = emitted + (1 if extra_tool >= 0 else 0)
-    for j in range(n_used):
-        edge = crossed_edge(table, row, j, emitted, extra_tool, trie_index, depth, n_tools, trie)
-        if not lo <= edge < hi:
-            continue
-        times, seen_before = 0, False
-        for other in range(n_used):  # how many used tools cross it; counted once, at the first of them
-            if crossed_edge(table, row, other, emitted, extra_tool, trie_index, depth, n_tools, trie) == edge:
-                times += 1
-                seen_before = seen_before or other < j
-        if not seen_before and trie[3][edge] - times <= 0:
+    edge, times = next_crossing(table, row, extra_tool, trie_index, depth, n_tools, trie, lo)
+    while edge < hi:  # the node's edges the used tools cross, in ascending order (none with no-repeat off)
+        if trie[3][edge] - times <= 0:
             token = trie[1][edge]
             bitmask[srow, token >> 5] &= ~(np.int32(1) << np.int32(token & 31))
             n -= 1
+        edge, times = next_crossing(table, row, extra_tool, trie_index, depth, n_tools, trie, edge + 1)
     return n
 
 
