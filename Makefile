@@ -107,7 +107,8 @@ VLLM_033_DEPS := msgspec==0.23.0 cbor2==6.3.0 pyzmq==27.3.0 aiohttp==3.14.5 open
 	cloudpickle==3.1.3 pillow==13.0.0 pybase64==1.5.1 cachetools==8.0.2 uvloop==0.23.0 py-cpuinfo==9.0.0
 VLLM_CPU_DEPS := $(VLLM_033_DEPS) partial-json-parser==0.2.1.1.post7 einops==0.8.2 blake3==1.0.11 ijson==3.6.0 \
 	lark==1.2.2 setproctitle==1.3.8 python-json-logger==4.2.0 watchfiles==1.3.0 prometheus-fastapi-instrumentator==8.1.0 \
-	compressed-tensors==0.17.0 lm-format-enforcer==0.11.3
+	compressed-tensors==0.17.0 lm-format-enforcer==0.11.3 \
+	model-hosting-container-standards==0.1.16
 # $(call vllm_env,DIRECTORY,VLLM REQUIREMENT,PACKAGES)
 define vllm_env
 	rm -rf $(1) && $$($(BIN)/python -c 'import sys; print(sys._base_executable)') -m venv $(1)
@@ -125,12 +126,12 @@ $(VLLM_033_ENV)/.installed: | install
 	$(call vllm_env,$(VLLM_033_ENV),vllm==0.33.0,$(VLLM_033_DEPS))
 
 # The adapters against vLLM's interface classes (0.33's; 0.32's, its Sampler too), then vLLM 0.32's engine on the CPU
-# (tests/test_vllm_engine*.py: `LLM.generate` and `vllm serve` with the processor loaded).
+# (tests/test_vllm_engine*.py: `LLM.generate`; tests/test_vllm_serve_remote.py: vLLM's OpenAI server behind `serve --vllm-url`).
 VLLM_INTERFACE_TESTS := tests/test_vllm_processors.py tests/test_integrations_agree.py
 test-vllm: $(VLLM_ENV)/.installed $(VLLM_033_ENV)/.installed
 	NUMBA_ENABLE_CUDASIM=1 $(VLLM_033_ENV)/bin/python -m pytest -p no:cacheprovider $(VLLM_INTERFACE_TESTS)
 	$(VLLM_ENV)/bin/python -m pytest -p no:cacheprovider $(VLLM_INTERFACE_TESTS) tests/test_vllm_v1_adapter.py \
-		$(wildcard tests/test_vllm_engine*.py)
+		$(wildcard tests/test_vllm_engine*.py) tests/test_vllm_serve_remote.py
 
 inspect: $(ARTIFACT)
 	$(BIN)/tooltrie inspect $(ARTIFACT)
