@@ -4,6 +4,8 @@ tooltrie's processor, the default model as served (its adapter merged, float32).
 
 - the same greedy answers as the in-process engine on the same model, as the same JSON (tools, pointers, scores
   from vLLM's processed logprobs, token counts), on held-out catalog queries at k = 1, 2, 3;
+- vLLM's own completions route: k tools asked for in ``vllm_xargs`` come back as k distinct registry tools; a bad
+  argument is a 400 naming it;
 - vLLM stopped: 502, and the endpoint lives on.
 """
 
@@ -27,8 +29,10 @@ pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm builds
 
 from support.serve_http import check_answer, running_server, smollm_tokenizer
 
+from tooltrie.compiler.contract import Contract
 from tooltrie.eval.datasets import load_split
-from tooltrie.registry import CATALOG_PATH, load_registry
+from tooltrie.integrations.vllm_rows import request_args
+from tooltrie.registry import CATALOG_PATH, Registry, load_registry
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.model import load_model, save_model_as_served
 from tooltrie.serve.prompt import Prompt
@@ -84,6 +88,25 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait(30)
 
 
+def check_completions_route(client: httpx.Client, url: str, artifact: Path, catalog: Registry) -> None:
+    """vLLM's own completions route, as any OpenAI client calls it: k tools asked for in ``vllm_xargs`` (the flat
+    form) come back as exactly k distinct registry tools; a bad argument is a 4xx naming it, and the server goes on."""
+    model = client.get(url + "/v1/models").json()["data"][0]["id"]
+    body = {"model": model, "prompt": "Query: What will the weather be in Paris tomorrow?\nTools:", "max_tokens": 40,
+            "temperature": 0}
+    for k in (1, 3):
+        reply = client.post(url + "/v1/completions",
+                            json={**body, "vllm_xargs": request_args(artifact, k, flat=True)})
+        assert reply.status_code == 200, reply.text
+        names = Contract().parse(reply.json()["choices"][0]["text"])
+        assert len(names) == k == len(set(names)) and set(names) <= set(catalog.names), names
+    for bad, named in (({"tooltrie_artifact": str(artifact), "tooltrie_k": 0}, "k=0"),
+                       ({"tooltrie_artifact": str(artifact), "tooltrie_k": 2, "tooltrie_x": 1}, "tooltrie_x")):
+        reply = client.post(url + "/v1/completions", json={**body, "vllm_xargs": bad})
+        assert 400 <= reply.status_code < 500 and named in reply.text, (bad, reply.status_code, reply.text)
+    assert client.get(url + "/health").status_code == 200
+
+
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[object, str]]:
     """The default model as served, and its prompt style."""
@@ -126,6 +149,7 @@ def test_same_answers_as_the_engine_then_vllm_down_is_502(served: tuple[object, 
                     for field in ("prompt_tokens", "completion_tokens", "decision_points"):
                         assert a["usage"][field] == b["usage"][field], (field, a, b)
                 assert client.get(there.url + "/healthz").status_code == 200
+                check_completions_route(client, url, next((work / "artifacts").glob("*.trie.safetensors")), catalog)
                 stop(process)
                 reply = client.post(there.url + "/v1/discover", json=asks[0])
                 assert reply.status_code == 502 and reply.json()["error"]["code"] == "bad_gateway", reply.text
