@@ -68,7 +68,8 @@ def test_the_cache_key_names_everything_an_adapter_depends_on(tmp_path: Path, mo
     changed = [TINY.key(compile_registry(_registry(tools[:-1]), tokenizer), "f" * 64),  # the tools
                TINY.key(artifact, "e" * 64),  # the base model
                replace(TINY, steps=4).key(artifact, "f" * 64),  # the recipe
-               replace(TINY, fused=Weights(1.0, 50.0)).key(artifact, "f" * 64)]
+               replace(TINY, fused=Weights(1.0, 50.0)).key(artifact, "f" * 64),
+               replace(TINY, prior="lexical").key(artifact, "f" * 64)]
     # The replayed sets' content under the same names: one labelled request less.
     edited = tmp_path / "data"
     shutil.copytree(datasets.DATA_DIR, edited)

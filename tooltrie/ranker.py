@@ -63,7 +63,7 @@ class RankerError(TooltrieError, ValueError):
 
 @dataclass(frozen=True)
 class Weights:
-    """How much each evidence counts: the model's scores (its logits) and the retrieval similarity (cosine)."""
+    """How much each evidence counts: the model's scores (its logits) and the retrieval prior (its z-scores)."""
 
     model: float
     retrieval: float
@@ -102,6 +102,26 @@ def check_prior(name: str, *, where: str = "request") -> str:
     if name not in PRIORS:
         raise RankerError(f"{where}: unknown prior {name!r}; choose one of {', '.join(PRIORS)}")
     return name
+
+
+def prior_parts(name: str) -> dict[str, float]:
+    """The weight of each score (``dense``, ``lexical``) in prior ``name``'s sum of z-scores.
+
+    >>> prior_parts("lexical"), prior_parts("hybrid") == HYBRID
+    ({'lexical': 1.0}, True)
+    """
+    kind = check_prior(name, where="prior")
+    return dict(HYBRID) if kind == "hybrid" else {kind: 1.0}
+
+
+def needs_encoder(name: str) -> bool:
+    """Whether prior ``name`` is made with the sentence encoder (all-MiniLM-L6-v2): dense and hybrid are; lexical
+    needs only bm25s.
+
+    >>> [prior for prior in PRIORS if needs_encoder(prior)]
+    ['dense', 'hybrid']
+    """
+    return "dense" in prior_parts(name)
 
 
 def standardized(scores: npt.ArrayLike) -> npt.NDArray[np.float32]:
@@ -154,8 +174,7 @@ class Ranker:
         """[len(queries), tools] the prior (``PRIORS``; None: the ranker's own), z-scores per query."""
         import numpy as np
 
-        kind = check_prior(prior or self.prior, where="prior")
-        weights = HYBRID if kind == "hybrid" else {kind: 1.0}
+        weights = prior_parts(prior or self.prior)
         shape = (len(queries), len(self.registry))
         total = np.zeros(shape, dtype=np.float32)
         if "dense" in weights:
@@ -265,4 +284,5 @@ def _write_embeddings(path: Path, embeddings: npt.NDArray[np.float32], registry_
 
 
 __all__ = ["DEFAULT_PRIOR", "HYBRID", "PRIORS", "RANKERS", "Prior", "Ranker", "RankerError", "Weights", "check_prior",
-           "check_ranker", "embeddings_path", "lexical_path", "ranker_for", "standardized"]
+           "check_ranker", "embeddings_path", "lexical_path", "needs_encoder", "prior_parts", "ranker_for",
+           "standardized"]

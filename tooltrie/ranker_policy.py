@@ -6,7 +6,8 @@ leads (``UNTRAINED``). The entry holds what was measured for that adapter, or sa
 
 - ``auto``: the ranker a measurement on its registry chose, written only beside that measurement (``chosen_on``);
 - ``fused``: the fused ranker's weights, measured (``chosen_on``) or given by how it was trained (``fused_from``:
-  ``serve --train``'s recipe, or the prior weight it was trained through).
+  ``serve --train``'s recipe, or the prior weight it was trained through, beside ``prior``, the prior kind it was
+  trained through: a record, the server's ``--prior`` chooses what it is served with).
 
 Without ``auto``, nothing chose between the rankers for that adapter: it answers fused where the record gives fused
 weights (the prior is never a hard filter, and those weights are what its training was made for), else alone.

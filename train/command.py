@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tooltrie.eval.datasets import BUNDLED, DatasetError
+from tooltrie.ranker import PRIORS
 from tooltrie.train.settings import LOSS_NAMES, PRECISION_NAMES, SAMPLING_NAMES, LoraSettings, TrainSettings
 
 if TYPE_CHECKING:
@@ -82,9 +83,12 @@ def add_train_command(commands: Any) -> None:
                      help="draw each tool's requests beside those of the tool retrieval finds nearest it, in one "
                           "batch (needs all-MiniLM-L6-v2; balanced sampling)")
     cmd.add_argument("--prior-weight", type=float, default=_DEFAULTS.prior_weight, metavar="W",
-                     help="train through the fused ranker: each legal token's score is the model's plus retrieval's "
-                          "prior at weight W, as `--ranker fused` serves it (needs all-MiniLM-L6-v2; default 0: "
-                          "the model alone)")
+                     help="train through the fused ranker: each legal token's score is the model's plus the "
+                          "retrieval prior (--prior) at weight W, as `--ranker fused` serves it (default 0: the model "
+                          "alone)")
+    cmd.add_argument("--prior", choices=PRIORS, default=_DEFAULTS.prior,
+                     help="with --prior-weight: the retrieval prior trained through, the one the adapter will be "
+                          f"served with (`--prior`; dense and hybrid need all-MiniLM-L6-v2; default {_DEFAULTS.prior})")
     cmd.add_argument("--base-model", default=None,
                      help="base model directory (default: SmolLM2-135M-Instruct, without any adapter)")
     cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the base model's)")
@@ -124,7 +128,7 @@ def settings_from_args(args: argparse.Namespace) -> TrainSettings:
     return replace(_DEFAULTS, steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
                    warmup_steps=args.warmup_steps, loss=args.loss, sampling=args.sampling, lora=lora, seed=args.seed,
                    threads=args.threads, precision=args.precision, eval_every=args.eval_every,
-                   eval_examples=args.eval_examples, prior_weight=args.prior_weight)
+                   eval_examples=args.eval_examples, prior_weight=args.prior_weight, prior=args.prior)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -154,8 +158,8 @@ def run_train(args: argparse.Namespace) -> int:
     if settings.prior_weight > 0:  # each set's prior is over its own registry's tools
         from tooltrie.train.priors import retrieval_priors
 
-        data = retrieval_priors(data, artifact, args.registry, settings.prior_weight)
-        also = [retrieval_priors(one, other, source, settings.prior_weight)
+        data = retrieval_priors(data, artifact, args.registry, settings.prior_weight, prior=settings.prior)
+        also = [retrieval_priors(one, other, source, settings.prior_weight, prior=settings.prior)
                 for one, (source, other) in zip(also, sources, strict=True)]
     partners = confused_tools(artifact.registry) if args.hard_negatives else None
     base_name = DEFAULT_MODEL_NAME if info.name == DEFAULT_MODEL_NAME else str(info.path.resolve())

@@ -83,15 +83,16 @@ def train_adapter(artifact: Artifact, output: Path, *, work: Path, recipe: Recip
     if prior_weight:  # each set's prior is over its own registry's tools, with the weight it is served with
         from tooltrie.train.priors import retrieval_priors
 
-        data = retrieval_priors(data, artifact, None, prior_weight)
-        also = [retrieval_priors(one, one_artifact, None, prior_weight) for one, one_artifact in replays]
+        data = retrieval_priors(data, artifact, None, prior_weight, prior=recipe.prior)
+        also = [retrieval_priors(one, one_artifact, None, prior_weight, prior=recipe.prior)
+                for one, one_artifact in replays]
     partners = confused_tools(artifact.registry) if recipe.hard_negatives else None
     model, info = load_model(base_model, adapter=base_adapter)
     lora = replace(LoraSettings(), rank=recipe.rank, alpha=recipe.alpha, top_layers=recipe.top_layers)
     settings = replace(TrainSettings(), steps=recipe.steps, batch_size=recipe.batch_size,
                        learning_rate=recipe.learning_rate, warmup_steps=recipe.warmup_steps, loss=recipe.loss,
                        lora=lora, seed=recipe.seed, threads=recipe.threads, eval_every=0, eval_examples=0,
-                       prior_weight=prior_weight)
+                       prior_weight=prior_weight, prior=recipe.prior)
     base_name = DEFAULT_MODEL_NAME if info.name == DEFAULT_MODEL_NAME else str(info.path.resolve())
     # Nothing is measured for this adapter (its registry has no labelled requests): the record gives the recipe's
     # weights for what they are, and no ``auto`` (``tooltrie.ranker_policy`` ranks it fused at them).

@@ -5,8 +5,10 @@ edge (``kernels/walk.py``; ``kernels.reference.fused_values`` writes it out). Tr
 itself on what retrieval already gets right, and its scores meet the prior only when served. With
 ``TrainSettings.prior_weight`` the trie loss is taken over the same sums: every training example carries, for each
 answer position, what the fused ranker adds to each legal token (``Example.bonus``), so the model learns what the
-prior misses. The prior of an example is retrieval's similarity of its query to each tool of its own registry,
-weighted as served (the model's weight 1, retrieval's ``prior_weight``).
+prior misses. The prior of an example is the one serving makes for its query over its own registry's tools
+(``Ranker.row``): ``TrainSettings.prior`` (dense, lexical or hybrid; z-scores per query, ``tooltrie.ranker``), weighted
+as served (the model's weight 1, retrieval's ``prior_weight``). Adapters trained before the priors were z-scored
+(docs/training.md's measurements) were trained through the raw all-MiniLM-L6-v2 cosine similarity instead.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -22,9 +25,13 @@ from tooltrie.compiler.artifact import Artifact
 from tooltrie.compiler.trie import CompiledTrie
 from tooltrie.kernels.reference import fused_values
 from tooltrie.kernels.rules import Slot, advance, legal_moves
+from tooltrie.ranker import DEFAULT_PRIOR
 from tooltrie.train.data import Example, TrainingData
 
-__all__ = ["EdgeTools", "choice_bonuses", "retrieval_priors", "with_priors"]
+if TYPE_CHECKING:
+    from tooltrie.ranker import Ranker
+
+__all__ = ["EdgeTools", "choice_bonuses", "ranker_priors", "retrieval_priors", "with_priors"]
 
 
 class EdgeTools:
@@ -57,26 +64,38 @@ def choice_bonuses(artifact: Artifact, example: Example, prior: npt.NDArray[np.f
     return tuple(bonuses)
 
 
-def with_priors(data: TrainingData, artifact: Artifact, similarities: npt.NDArray[np.float32],
-                weight: float) -> TrainingData:
-    """``data`` (made for ``artifact``) with every example's bonuses; ``similarities`` holds a row per example, train
-    then validation, of its query's similarity to each tool, and ``weight`` is retrieval's."""
+def with_priors(data: TrainingData, artifact: Artifact, priors: npt.NDArray[np.float32]) -> TrainingData:
+    """``data`` (made for ``artifact``) with every example's bonuses; ``priors`` holds a row per example, train then
+    validation, of its query's prior for each tool, already weighted (``Prior.scores``, the model's weight being 1)."""
     examples = [*data.train, *data.validation]
-    if similarities.shape != (len(examples), artifact.trie.n_tools):
-        raise ValueError(f"{data.directory}: similarities of shape {similarities.shape}, expected "
+    if priors.shape != (len(examples), artifact.trie.n_tools):
+        raise ValueError(f"{data.directory}: priors of shape {priors.shape}, expected "
                          f"{(len(examples), artifact.trie.n_tools)} (examples, tools)")
     crossing = EdgeTools(artifact.trie)
-    weighted = (weight * similarities).astype(np.float32)
-    done = [replace(e, bonus=choice_bonuses(artifact, e, weighted[i], crossing)) for i, e in enumerate(examples)]
+    done = [replace(e, bonus=choice_bonuses(artifact, e, priors[i], crossing)) for i, e in enumerate(examples)]
     return replace(data, train=done[: len(data.train)], validation=done[len(data.train) :])
 
 
-def retrieval_priors(data: TrainingData, artifact: Artifact, source: str | Path | None,
-                     weight: float) -> TrainingData:
-    """``with_priors`` by retrieval (all-MiniLM-L6-v2, ``tooltrie.ranker``): each query's similarity to the tools of
-    ``artifact``'s registry, the tools' embeddings kept beside ``source`` as serving keeps them."""
+def ranker_priors(data: TrainingData, artifact: Artifact, ranker: Ranker) -> TrainingData:
+    """``with_priors`` by ``ranker`` (over ``artifact``'s registry): each query's prior as the service makes a fused
+    request's (``Ranker.row``, its prior kind and fused weights), the queries' scores made in one batch."""
+    if ranker.fused.model != 1.0:
+        raise ValueError(f"training through the prior takes the model's weight as 1, not {ranker.fused.model:g}")
+    queries = [example.query for example in (*data.train, *data.validation)]
+    rows = [ranker.row(query, "fused", scores=scores).scores
+            for query, scores in zip(queries, ranker.prior_scores(queries), strict=True)]
+    priors = np.zeros((len(queries), artifact.trie.n_tools), dtype=np.float32)
+    for i, row in enumerate(rows):
+        if row is not None:  # None: a retrieval weight of 0, nothing added
+            priors[i] = row
+    return with_priors(data, artifact, priors)
+
+
+def retrieval_priors(data: TrainingData, artifact: Artifact, source: str | Path | None, weight: float, *,
+                     prior: str = DEFAULT_PRIOR) -> TrainingData:
+    """``ranker_priors`` by the ranker serving gives ``artifact`` (``ranker_for``) with the fused weights (1,
+    ``weight``) and ``prior``; the tools' embeddings and lexical index kept beside ``source`` as serving keeps them."""
     from tooltrie.ranker import Weights, ranker_for
 
-    ranker = ranker_for(artifact, source, Weights(model=1.0, retrieval=weight))
-    queries = [example.query for example in (*data.train, *data.validation)]
-    return with_priors(data, artifact, ranker.similarities(queries), weight)
+    return ranker_priors(data, artifact, ranker_for(artifact, source, Weights(model=1.0, retrieval=weight),
+                                                    prior=prior))

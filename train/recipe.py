@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tooltrie.ranker import Weights
+from tooltrie.ranker import DEFAULT_PRIOR, Weights, check_prior
 
 if TYPE_CHECKING:
     from tooltrie.compiler.artifact import Artifact
@@ -57,6 +57,10 @@ class Recipe:
     # The fused ranker's weights the adapter is served with. Chosen once for the recipe, on BFCL's validation split
     # with an adapter this recipe trained on BFCL's registry; nothing is measured for each adapter it trains.
     fused: Weights = field(default_factory=lambda: Weights(model=1.0, retrieval=100.0))
+    prior: str = DEFAULT_PRIOR  # the retrieval prior trained through (``through_prior``), as served with ``--prior``
+
+    def __post_init__(self) -> None:
+        check_prior(self.prior, where="recipe")
 
     def key(self, artifact: Artifact, base_fingerprint: str) -> str:
         """The cache key of this recipe's adapter for ``artifact`` on the base with ``base_fingerprint``."""

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tooltrie.ranker import DEFAULT_PRIOR, PRIORS
+
 __all__ = ["LOSS_NAMES", "PRECISION_NAMES", "SAMPLING_NAMES", "LoraSettings", "TrainSettings"]
 
 LOSS_NAMES = ("plain", "trie", "both")  # train.loss.LOSSES
@@ -50,6 +52,7 @@ class TrainSettings:
     # Train the trie loss through the fused ranker (``train.priors``): retrieval's weight, the model's being 1, as
     # the adapter will be served with ``--ranker fused``; 0: the model's choices alone.
     prior_weight: float = 0.0
+    prior: str = DEFAULT_PRIOR  # the prior trained through, as served with ``--prior`` (``tooltrie.ranker.PRIORS``)
     lora: LoraSettings = field(default_factory=LoraSettings)
     seed: int = 0  # data order, LoRA initialisation and dropout
     threads: int = 1  # torch threads: one is steadier than two on a CPU shared with other work
@@ -69,6 +72,8 @@ class TrainSettings:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.prior_weight < 0:
             raise ValueError(f"prior_weight must be at least 0, got {self.prior_weight}")
+        if self.prior not in PRIORS:
+            raise ValueError(f"unknown prior {self.prior!r}; choose one of {list(PRIORS)}")
         if self.lora.rank < 1:
             raise ValueError(f"the LoRA rank must be at least 1, got {self.lora.rank}")
         if self.lora.top_layers is not None and self.lora.top_layers < 1:

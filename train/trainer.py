@@ -66,7 +66,8 @@ def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str,
     ``base_name`` is what the adapter records as its base: the default model's name, or the base's directory.
     The log (JSON lines) goes to ``log_path``, by default ``<output>.log.jsonl`` beside the adapter. ``ranker``: what
     the record says about ranking with this adapter (``tooltrie.ranker_policy``); by default,
-    for an adapter trained through the prior (``settings.prior_weight``), the fused ranker at that weight.
+    for an adapter trained through the prior (``settings.prior_weight``), the fused ranker at that weight, over the
+    prior it was trained through (``settings.prior``).
     """
     from tooltrie.serve.weights import model_fingerprint
 
@@ -101,7 +102,7 @@ def train(data: TrainingData, artifact: Artifact, model: Any, *, base_name: str,
     record = _record(data, also, artifact, settings, base_name=base_name, base_fingerprint=base_fingerprint,
                      loop=loop, seconds=seconds, parameters=sum(t.numel() for t in tensors.values()))
     if ranker is None and settings.prior_weight > 0:  # trained to add to the prior: answers rank as they trained
-        ranker = {"fused": {"model": 1.0, "retrieval": settings.prior_weight},
+        ranker = {"fused": {"model": 1.0, "retrieval": settings.prior_weight}, "prior": settings.prior,
                   "fused_from": "the prior weight it was trained through; nothing measured"}
     if ranker is not None:
         record["ranker"] = dict(ranker)
