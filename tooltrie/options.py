@@ -41,8 +41,8 @@ def add_ranker_options(command: argparse.ArgumentParser, *, what: str = "the", d
     """``--ranker``, ``--prior`` and ``--fused-weights`` (names kept in step with ``tooltrie/ranker.py``)."""
     from tooltrie.ranker import DEFAULT_PRIOR, PRIORS, RANKERS, UNTRAINED
 
-    auto = (" (auto: the model alone on the registry its adapter was trained on, else fused where "
-            "all-MiniLM-L6-v2 is installed)") if default == "auto" else ""
+    auto = (" (auto: the model alone on the registry its adapter was trained on, else fused where the prior can be "
+            "made: lexical always, dense and hybrid where all-MiniLM-L6-v2 is installed)") if default == "auto" else ""
     command.add_argument("--ranker", choices=("auto", *RANKERS) if default == "auto" else RANKERS, default=default,
                          help=f"what {what} answers rank by: the model, retrieval (the prior alone) or "
                               f"both fused inside the decode (default: {default}{auto})")

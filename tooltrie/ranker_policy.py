@@ -38,8 +38,8 @@ class TrainedAdapter(provenance.MadeFor, Protocol):
 def auto_ranker(adapter: TrainedAdapter | None, artifact: Artifact, *, retrieval: bool) -> str:
     """What ``--ranker auto`` ranks ``artifact``'s answers by, for a model with ``adapter``. On the registry the
     adapter was trained on: what a measurement there chose (``ranker.auto``), else fused where its record gives fused
-    weights, else the model alone. Elsewhere the fused ranker. Never a ranker that needs retrieval where it is not
-    installed (``retrieval``)."""
+    weights, else the model alone. Elsewhere the fused ranker. Never a ranker that needs a prior where it cannot be
+    made (``retrieval``: whether it can, e.g. all-MiniLM-L6-v2 is installed for a dense or hybrid prior)."""
     if not retrieval:
         return "model"
     measured = _measured(adapter, artifact)
