@@ -1,7 +1,9 @@
 """The lexical prior (``tooltrie/lexical.py``): identifiers split as documented (hypothesis over generated
 identifiers), BM25 scores against a hand-written Lucene BM25, the index kept beside the artifact and rebuilt when the
 registry changes, and bad input (empty or all-stop-word queries, tools without descriptions, non-ASCII names,
-names with no word at all) scored without NaN or a crash, alone and in the hybrid prior."""
+names with no word at all) scored without NaN or a crash, alone and in the hybrid prior. The index is built with whole
+arrays: its words and its matrix are checked against the straightforward build (each tool's words, then bm25s's own
+index of them), bit for bit."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from hypothesis import strategies as st
 
 from tooltrie.lexical import BM25_PARAMETERS, STOPWORDS, LexicalIndex, identifier_words, tool_words
 from tooltrie.ranker import HYBRID, Ranker, lexical_path, standardized
-from tooltrie.registry import CATALOG_PATH, load_registry, make_registry
-from tooltrie.registry.model import Registry
+from tooltrie.registry import BFCL_PATH, CATALOG_PATH, load_registry, make_registry
+from tooltrie.registry.model import Parameter, Registry, Tool
 
 LETTERS = "abcdefghijklmnopqrstuvwxyzéüçñøåжщ"
 word = st.text(alphabet=LETTERS, min_size=1, max_size=8)
@@ -101,6 +103,69 @@ def test_bm25_scores_match_a_written_out_lucene_bm25(query: str) -> None:
     words = [w for w in identifier_words(query) if w not in STOPWORDS]
     np.testing.assert_allclose(LexicalIndex.build(registry).scores(query), lucene_bm25(documents, words),
                                rtol=1e-5, atol=1e-6)
+
+
+def bm25s_index(registry: Registry) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+    """The straightforward build: each tool's words numbered in order of first appearance, indexed by bm25s."""
+    import bm25s
+
+    vocabulary: dict[str, int] = {}
+    documents = [[vocabulary.setdefault(w, len(vocabulary)) for w in tool_words(tool)] for tool in registry.tools]
+    if not vocabulary:  # bm25s needs one word somewhere
+        return vocabulary, {}
+    bm25 = bm25s.BM25(**BM25_PARAMETERS)
+    bm25.index((documents, vocabulary), create_empty_token=False, show_progress=False)
+    return vocabulary, {name: bm25.scores[name] for name in ("data", "indices", "indptr")}
+
+
+def assert_same_index(index: LexicalIndex, registry: Registry) -> None:
+    vocabulary, matrix = bm25s_index(registry)
+    bm25 = index._bm25
+    assert list(bm25.vocab_dict.items()) == list(vocabulary.items())
+    if not vocabulary:
+        return
+    assert bm25.scores["num_docs"] == len(registry)
+    for name, expected in matrix.items():
+        assert bm25.scores[name].dtype == expected.dtype
+        np.testing.assert_array_equal(bm25.scores[name], expected, err_msg=name)
+
+
+@pytest.mark.parametrize("path", [CATALOG_PATH, BFCL_PATH], ids=["catalog", "bfcl"])
+def test_the_index_is_bm25s_own_bit_for_bit(path: Path) -> None:
+    registry = load_registry(path)
+    assert_same_index(LexicalIndex.build(registry), registry)
+
+
+# Few words, stop words among them, and any text: words repeat within a tool and across tools (as parameters' names
+# and descriptions do in a registry), and a tool may have none.
+POOL = ["get", "Weather", "the", "of", "cityName", "HTTPServer", "ID", "v2", "größe", "天气", "__", "limit"]
+text = st.one_of(st.lists(st.sampled_from(POOL), max_size=8).map(" ".join), st.text(max_size=20))
+parameter = st.builds(Parameter, name=text, description=text, values=st.lists(text, max_size=3).map(tuple))
+
+
+@st.composite
+def registries(draw: st.DrawFn) -> Registry:
+    tools = draw(st.lists(st.tuples(text, text, st.lists(parameter, max_size=3)), min_size=1, max_size=12))
+    return Registry(name="generated", tools=tuple(Tool(name, description, str(i), parameters=tuple(parameters))
+                                                  for i, (name, description, parameters) in enumerate(tools)))
+
+
+@settings(deadline=None, max_examples=60)
+@given(registries())
+def test_the_index_of_any_registry_is_bm25s_own_bit_for_bit(registry: Registry) -> None:
+    index = LexicalIndex.build(registry)
+    assert_same_index(index, registry)
+    for query in POOL:
+        assert np.isfinite(index.scores(query)).all()
+
+
+@SPLITS
+@given(st.lists(text, min_size=2, max_size=8))
+def test_a_tools_words_are_those_of_its_texts_joined(texts: list[str]) -> None:
+    """Each text is split on its own (and each distinct one once): the same words as all of them joined by spaces."""
+    name, description, *rest = texts
+    tool = Tool(name, description, "x", parameters=tuple(Parameter(p) for p in rest))
+    assert tool_words(tool) == [w for w in identifier_words(" ".join(texts)) if w not in STOPWORDS]
 
 
 def odd_registry() -> Registry:

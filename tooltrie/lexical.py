@@ -21,11 +21,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Callable, Iterator, Sequence
+from itertools import chain
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -46,6 +48,9 @@ STOPWORDS = frozenset(("a", "an", "and", "are", "as", "at", "be", "but", "by", "
                        "no", "not", "of", "on", "or", "such", "that", "the", "their", "then", "there", "these", "they",
                        "this", "to", "was", "will", "with"))
 
+
+_Word = TypeVar("_Word", str, int)  # a word, or its id in a vocabulary
+_Value = TypeVar("_Value")
 
 # Runs of letters and digits (Python's \w less the underscore): what the words are split out of.
 _CHUNK = re.compile(r"[^\W_]+")
@@ -93,7 +98,12 @@ def identifier_words(text: str) -> list[str]:
     >>> identifier_words("Größe_berechnen wetterAPI")
     ['grösse', 'berechnen', 'wetter', 'api']
     """
-    return [word for chunk in _CHUNK.findall(unicodedata.normalize("NFKC", text)) for word in _chunk_words(chunk)]
+    return list(_split(text, _chunk_words))
+
+
+def _split(text: str, chunk_words: Callable[[str], tuple[_Word, ...]]) -> Iterator[_Word]:
+    """The words of ``text`` (or their ids), each run of letters and digits split by ``chunk_words``."""
+    return chain.from_iterable(map(chunk_words, _CHUNK.findall(unicodedata.normalize("NFKC", text))))
 
 
 def _chunk_words(chunk: str) -> tuple[str, ...]:
@@ -103,58 +113,108 @@ def _chunk_words(chunk: str) -> tuple[str, ...]:
     return tuple(word.casefold() for word in _word_pattern().findall(chunk))
 
 
-def _words(texts: Iterable[str], known: dict[str, tuple[str, ...]]) -> list[str]:
-    """The words of ``texts`` less the stop words; ``known`` remembers each run's words (a registry repeats the same
-    few thousand: splitting each once halves the index's build time)."""
-    words: list[str] = []
-    for chunk in _CHUNK.findall(unicodedata.normalize("NFKC", " ".join(texts))):
-        found = known.get(chunk)
-        if found is None:
-            found = known[chunk] = tuple(word for word in _chunk_words(chunk) if word not in STOPWORDS)
-        words += found
-    return words
+def _content_words(chunk: str) -> tuple[str, ...]:
+    """The words of a run of letters and digits less the stop words."""
+    return tuple(word for word in _chunk_words(chunk) if word not in STOPWORDS)
 
 
-def tool_words(tool: Tool, *, known: dict[str, tuple[str, ...]] | None = None) -> list[str]:
-    """What BM25 reads of a tool: its name, description, parameters (names, descriptions, enum values), split by
-    ``identifier_words``, stop words left out.
+class _Memo(dict[str, _Value]):
+    """A dict that computes a missing key's value once. Its ``__getitem__`` stays dict's own for the keys it holds,
+    so mapping it over a registry's texts (which repeat the same parameter names and descriptions, and the same
+    few thousand words) costs no Python call per repeat."""
+
+    def __init__(self, compute: Callable[[str], _Value]) -> None:
+        super().__init__()
+        self._compute = compute
+
+    def __missing__(self, key: str) -> _Value:
+        value = self[key] = self._compute(key)
+        return value
+
+
+def _tool_texts(tool: Tool) -> list[str]:
+    """A tool's name, description, and its parameters' names, descriptions and enum values."""
+    texts = [tool.name, tool.description]
+    for parameter in tool.parameters:
+        texts += [parameter.name, parameter.description, *parameter.values]
+    return texts
+
+
+def tool_words(tool: Tool) -> list[str]:
+    """What BM25 reads of a tool: its name, description, parameters (names, descriptions, enum values), each split
+    by ``identifier_words``, stop words left out.
 
     >>> from tooltrie.registry.model import Parameter
     >>> tool_words(Tool("getWeather", "The forecast for a city.", "x", parameters=(Parameter("unit", values=("C",)),)))
     ['get', 'weather', 'forecast', 'city', 'unit', 'c']
     """
-    texts = [tool.name, tool.description]
-    for parameter in tool.parameters:
-        texts += [parameter.name, parameter.description, *parameter.values]
-    return _words(texts, {} if known is None else known)
+    return [word for text in _tool_texts(tool) for word in _split(text, _content_words)]
+
+
+def _tool_word_ids(tools: Sequence[Tool]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], dict[str, int]]:
+    """``tool_words`` of every tool as one array of word ids (numbered in order of first appearance), the tool of
+    each, and the vocabulary. Each distinct text is split once, each distinct run of letters and digits in it once."""
+    vocabulary: _Memo[int] = _Memo(lambda word: len(vocabulary))  # a new word's id: the next one
+    chunk_ids = _Memo(lambda chunk: tuple(map(vocabulary.__getitem__, _content_words(chunk))))
+    text_ids = _Memo(lambda text: tuple(_split(text, chunk_ids.__getitem__)))
+    texts = [_tool_texts(tool) for tool in tools]
+    ids_of_texts = list(map(text_ids.__getitem__, chain.from_iterable(texts)))
+    text_lengths = np.fromiter(map(len, ids_of_texts), dtype=np.int64, count=len(ids_of_texts))
+    text_tools = np.repeat(np.arange(len(texts)), np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)))
+    ids = np.fromiter(chain.from_iterable(ids_of_texts), dtype=np.int64, count=int(text_lengths.sum()))
+    return ids, np.repeat(text_tools, text_lengths), dict(vocabulary)
+
+
+def _bm25_matrix(ids: npt.NDArray[np.int64], tools: npt.NDArray[np.int64], n_tools: int,
+                 n_words: int) -> dict[str, npt.NDArray[Any]]:
+    """bm25s's index (``BM25.build_index_from_ids``: a word-by-tool CSC matrix of Lucene BM25 scores) of the words
+    ``ids`` of ``tools``, computed with whole arrays where bm25s loops over the tools in Python (most of the build's
+    time at 100,000 tools). The same operations in the same precision, so the same float32 scores, bit for bit
+    (``tests/test_lexical.py`` compares it with bm25s's own)."""
+    pairs, counts = np.unique(ids * n_tools + tools, return_counts=True)  # sorted by word, then tool: CSC order
+    word, tool = np.divmod(pairs, n_tools)
+    frequencies = np.bincount(word, minlength=n_words)  # tools per word
+    # idf with math.log (not np.log, which may differ in the last bit), float64 rounded to float32 as bm25s does
+    distinct, where = np.unique(frequencies, return_inverse=True)
+    idf_of = np.array([math.log(1 + (n_tools - df + 0.5) / (df + 0.5)) for df in distinct.tolist()], np.float64)
+    idf = idf_of.astype(np.float32)[where]
+    lengths = np.bincount(tools, minlength=n_tools)
+    k1, b = BM25_PARAMETERS["k1"], BM25_PARAMETERS["b"]
+    # bm25s's _score_tfc_robertson: tf (float32) / (k1 * ((1 - b) + b * l_d / l_avg) + tf), in float64
+    tf = counts.astype(np.float32)
+    tfc = tf / (k1 * ((1 - b) + b * lengths[tool] / lengths.mean()) + tf)
+    indptr = np.zeros(n_words + 1, dtype=np.int64)
+    np.cumsum(frequencies, out=indptr[1:])
+    return {"data": (idf[word] * tfc).astype(np.float32), "indices": tool.astype(np.int32), "indptr": indptr}
 
 
 class LexicalIndex:
     """BM25 scores of a registry's tools for a query (``scores``): one float per tool, 0 where no word matches."""
 
-    def __init__(self, bm25: Any, n_tools: int) -> None:
-        self._bm25, self.n_tools = bm25, n_tools
+    def __init__(self, vocabulary: dict[str, int], matrix: dict[str, npt.NDArray[Any]], n_tools: int) -> None:
+        """A bm25s index of ``n_tools`` tools from its ``vocabulary`` and its CSC ``matrix`` (data, indices, indptr;
+        empty when the vocabulary is: a registry of wordless names, where every query's words are unknown)."""
+        import bm25s
+
+        self._bm25, self.n_tools = bm25s.BM25(**BM25_PARAMETERS), n_tools
+        self._bm25.vocab_dict = vocabulary
+        if vocabulary:  # what bm25s.BM25.index leaves (and BM25.load restores)
+            self._bm25.scores = {**matrix, "num_docs": n_tools}
+            self._bm25.nonoccurrence_array = None  # lucene's BM25 has none
+            self._bm25.unique_token_ids_set = set(vocabulary.values())
 
     @classmethod
     def build(cls, registry: Registry) -> LexicalIndex:
-        """Index ``registry``'s tools (``tool_words``)."""
-        import bm25s
-
-        known: dict[str, tuple[str, ...]] = {}
-        vocabulary: dict[str, int] = {}
-        documents = [[vocabulary.setdefault(word, len(vocabulary)) for word in tool_words(tool, known=known)]
-                     for tool in registry.tools]
-        bm25 = bm25s.BM25(**BM25_PARAMETERS)
-        bm25.vocab_dict = vocabulary
-        if vocabulary:  # bm25s needs one word somewhere; a registry of wordless names scores 0 everywhere
-            bm25.index((documents, vocabulary), create_empty_token=False, show_progress=False)
-        return cls(bm25, len(registry))
+        """Index ``registry``'s tools (``tool_words``): bm25s's own index of them, built with whole arrays."""
+        ids, tools, vocabulary = _tool_word_ids(registry.tools)
+        return cls(vocabulary, _bm25_matrix(ids, tools, len(registry), len(vocabulary)) if vocabulary else {},
+                   len(registry))
 
     def scores(self, query: str) -> npt.NDArray[np.float32]:
         """[tools] BM25 scores of ``query``'s words (``identifier_words``, stop words out); all 0 for a query with no
         word the tools have."""
         vocabulary = self._bm25.vocab_dict
-        ids = [vocabulary[word] for word in _words([query], {}) if word in vocabulary]
+        ids = [vocabulary[word] for word in _split(query, _content_words) if word in vocabulary]
         if not ids:
             return np.zeros(self.n_tools, dtype=np.float32)
         scores: npt.NDArray[np.float32] = np.asarray(self._bm25.get_scores_from_ids(ids), dtype=np.float32)
@@ -193,7 +253,6 @@ class LexicalIndex:
     def _read(cls, path: Path, registry: Registry) -> LexicalIndex | None:
         if not path.is_file():
             return None
-        import bm25s
         from safetensors import safe_open
 
         try:
@@ -204,13 +263,7 @@ class LexicalIndex:
                         or meta.get("tools") != str(len(registry))):
                     return None  # another registry version or another kind of index: built afresh
                 vocabulary = json.loads(meta["vocabulary"])
-                arrays = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (safe_open has no iterator)
+                matrix = {name: f.get_tensor(name) for name in ("data", "indices", "indptr")} if vocabulary else {}
         except Exception:  # a damaged cache file is rebuilt, never trusted
             return None
-        bm25 = bm25s.BM25(**BM25_PARAMETERS)
-        bm25.vocab_dict = vocabulary
-        if vocabulary:  # what bm25s.BM25.load restores
-            bm25.scores = {**{name: arrays[name] for name in ("data", "indices", "indptr")}, "num_docs": len(registry)}
-            bm25.nonoccurrence_array = None  # lucene's BM25 has none
-            bm25.unique_token_ids_set = set(vocabulary.values())
-        return cls(bm25, len(registry))
+        return cls(vocabulary, matrix, len(registry))
