@@ -1,6 +1,7 @@
 """The lexical prior's cost (``tooltrie/lexical.py``): building the BM25 index of a registry (the words split out of
-every tool, then bm25s's index), reading it back from the file kept beside the artifact, and scoring one query
-(BM25 over every tool, then the z-scores the prior uses), on one core.
+every tool, then the BM25 matrix), reading it back from the file kept beside the artifact, and scoring one query
+(BM25 over every tool, then the z-scores the prior uses), on one core. Beside the build, taking turns with it: the
+straightforward build of the same index (each tool's ``tool_words``, then bm25s's own ``BM25.index``).
 
 Registries: BFCL's 1,853 tools, then synthetic ones of 10,000 and 100,000 tools (``bench_compile.synthetic_names``,
 each with a one-sentence description and two parameters made from the name's words and a pool of phrases, about
@@ -22,7 +23,7 @@ from _common import median, print_table, summarize, take_turns, write_results
 from bench_compile import synthetic_names
 
 from tooltrie.eval.datasets import load_split
-from tooltrie.lexical import LexicalIndex
+from tooltrie.lexical import BM25_PARAMETERS, LexicalIndex, tool_words
 from tooltrie.ranker import standardized
 from tooltrie.registry import BFCL_PATH, Registry, load_registry, make_registry
 
@@ -45,6 +46,15 @@ def synthetic_registry(size: int, seed: int = 0) -> Registry:
     return make_registry(tools, name=f"synthetic-{size}")
 
 
+def bm25s_build(registry: Registry) -> None:
+    """The straightforward build, for comparison: each tool's words, numbered as they come, then bm25s's index."""
+    import bm25s
+
+    vocabulary: dict[str, int] = {}
+    documents = [[vocabulary.setdefault(w, len(vocabulary)) for w in tool_words(tool)] for tool in registry.tools]
+    bm25s.BM25(**BM25_PARAMETERS).index((documents, vocabulary), create_empty_token=False, show_progress=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1853,10000,100000")
@@ -62,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(tmp) / "tools.trie.lexical.safetensors"
             LexicalIndex.cached(registry, path)
             times = take_turns({"build": lambda registry=registry: LexicalIndex.build(registry),
+                                "bm25s build": lambda registry=registry: bm25s_build(registry),
                                 "read back": lambda registry=registry, path=path: LexicalIndex.cached(registry, path)},
                                repeats=args.repeats)
         scores, priors = [], []
@@ -74,12 +85,14 @@ def main(argv: list[str] | None = None) -> int:
             priors.append(time.perf_counter() - middle)
         result = {"registry": registry.name, "tools": len(registry),
                   "build_s": summarize(times["build"].samples["wall"]),
+                  "bm25s_build_s": summarize(times["bm25s build"].samples["wall"]),
                   "read_back_s": summarize(times["read back"].samples["wall"]),
                   "query_ms": summarize([1000 * s for s in scores]),
                   "z_scores_ms": summarize([1000 * s for s in priors])}
         results.append(result)
         rows.append({"registry": registry.name, "tools": len(registry),
                      "index build s": median(times["build"].samples["wall"]),
+                     "bm25s's own s": median(times["bm25s build"].samples["wall"]),
                      "read back s": median(times["read back"].samples["wall"]),
                      "query ms (median)": median([1000 * s for s in scores]),
                      "query ms (max)": max(1000 * s for s in scores),
