@@ -1,13 +1,16 @@
-"""Shared, session-scoped fixtures: the bundled tokenizers, the bundled registries and their compiled artifacts.
+"""Shared fixtures: the bundled tokenizers, the bundled registries and their compiled artifacts (session-scoped), and
+the network guards (``no_network``: no connection at all; ``loopback_only``: none beyond loopback).
 
 Everything here comes from the repository itself (the bundled tokenizers and registries); no network.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,3 +88,32 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail any socket connection: what loads a model must never reach a hub."""
     monkeypatch.setattr(socket.socket, "connect", _no_network)
     monkeypatch.setattr(socket.socket, "connect_ex", _no_network)
+
+
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+
+
+def _check_loopback(address: Any) -> None:
+    if isinstance(address, tuple) and not ipaddress.ip_address(address[0]).is_loopback:
+        raise AssertionError(f"tried to connect beyond loopback: {address}")
+
+
+def _loopback_connect(self: socket.socket, address: Any) -> None:
+    _check_loopback(address)
+    _real_connect(self, address)
+
+
+def _loopback_connect_ex(self: socket.socket, address: Any) -> int:
+    _check_loopback(address)
+    return _real_connect_ex(self, address)
+
+
+@pytest.fixture(scope="module")
+def loopback_only() -> Iterator[None]:
+    """Fail any socket connection to an address outside 127.0.0.0/8 and ::1, for the whole module (servers on
+    loopback are fine: ``pytestmark = pytest.mark.usefixtures("loopback_only")``)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(socket.socket, "connect", _loopback_connect)
+        patch.setattr(socket.socket, "connect_ex", _loopback_connect_ex)
+        yield

@@ -9,13 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from support.serve_http import (
-    check_answer,
-    loopback_only,  # noqa: F401  (a fixture)
-    running_server,
-    smollm_tokenizer,
-    tiny_service,
-)
+from support.serve_http import check_answer, running_server, smollm_tokenizer, tiny_service
 
 from tooltrie.cli import main
 from tooltrie.compiler import Artifact

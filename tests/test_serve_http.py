@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,9 +37,9 @@ from support.serve_http import (
     catalog,
     catalog_tools,
     check_answer,
-    loopback_only,  # noqa: F401  (a fixture)
     running_server,
     same_answer,
+    serve_command,
     smollm_tokenizer,
     tiny_service,
     wait_until,
@@ -556,31 +553,14 @@ def test_a_registry_whose_prompt_fills_the_context_is_refused_as_the_servers_lim
 def test_tooltrie_serve_command(tmp_path: Path) -> None:
     """``tooltrie serve`` as a user runs it, in its own process, on a model directory (the tiny Llama, saved)."""
     tiny_llama().save_pretrained(tmp_path / "model")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "tooltrie.cli", "serve", "--port", str(port), "--model", str(tmp_path / "model"),
-               "--tokenizer", "smollm2-135m", "--registry", str(CATALOG_PATH), "--max-batch", "4"]
-    env = {**os.environ, "TOOLTRIE_CACHE_DIR": str(tmp_path / "cache")}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-    try:
-        url = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
-            try:
-                return httpx.get(url + "/healthz", timeout=10).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(up, timeout_s=120, what="tooltrie serve to answer /healthz")
-        reply = httpx.post(url + "/v1/discover", json={"query": QUERIES[0], "k": 2}, timeout=TIMEOUT)
+    options = ["--model", str(tmp_path / "model"), "--tokenizer", "smollm2-135m", "--registry", str(CATALOG_PATH),
+               "--max-batch", "4"]
+    with serve_command(options, tmp_path) as served:
+        reply = httpx.post(served.url + "/v1/discover", json={"query": QUERIES[0], "k": 2}, timeout=TIMEOUT)
         assert reply.status_code == 200, reply.text
         check_answer(reply.json(), catalog(), 2)
-    finally:
-        process.terminate()
-        output = process.communicate(timeout=60)[0].decode()
-    assert process.returncode in (0, -signal.SIGTERM), output  # uvicorn shuts down, then re-raises the signal
+    output = served.output
+    assert served.process.returncode in (0, -signal.SIGTERM), output  # uvicorn shuts down, then re-raises the signal
     assert "tooltrie serve: catalog (47 tools)" in output and "Application shutdown complete" in output
 
 

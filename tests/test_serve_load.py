@@ -8,18 +8,13 @@ it. The model is the tiny random Llama, saved with SmolLM2's 8,192-token context
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from support.serve_http import catalog, check_answer, smollm_tokenizer, wait_until
+from support.serve_http import catalog, check_answer, serve_command, smollm_tokenizer
 
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.testing import tiny_llama
@@ -45,28 +40,10 @@ def server(tmp_path_factory: pytest.TempPathFactory, saved_catalog_artifact: Pat
     model = tiny_llama()
     model.config.max_position_embeddings = 8_192  # SmolLM2's: a long query fits, as it would on the default model
     model.save_pretrained(folder / "model")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "tooltrie.cli", "serve", "--port", str(port), "--model", str(folder / "model"),
-               "--tokenizer", "smollm2-135m", "--registry", str(saved_catalog_artifact), "--max-batch", "16",
-               "--queue", "64", "--ranker", "model"]
-    env = {**os.environ, "TOOLTRIE_CACHE_DIR": str(folder / "cache")}
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def up() -> bool:
-            assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
-            try:
-                return httpx.get(url + "/healthz", timeout=10).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(up, timeout_s=120, what="tooltrie serve to answer /healthz")
-        yield url
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=60)
+    options = ["--model", str(folder / "model"), "--tokenizer", "smollm2-135m", "--registry",
+               str(saved_catalog_artifact), "--max-batch", "16", "--queue", "64", "--ranker", "model"]
+    with serve_command(options, folder) as served:
+        yield served.url
 
 
 def test_ordinary_requests_are_answered_while_the_largest_ones_are_read(server: str) -> None:

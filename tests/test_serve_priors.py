@@ -16,13 +16,7 @@ import numpy as np
 import pytest
 import torch
 from support.serve import tiny_model
-from support.serve_http import (
-    catalog,
-    check_answer,
-    loopback_only,  # noqa: F401  (a fixture)
-    running_server,
-    smollm_tokenizer,
-)
+from support.serve_http import catalog, check_answer, running_server, smollm_tokenizer
 
 import tooltrie.retrieval as retrieval_module
 from tooltrie.ranker import Prior, Ranker, RankerError, Weights

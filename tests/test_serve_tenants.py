@@ -45,7 +45,6 @@ from support.serve_http import (
     catalog,
     catalog_tools,
     check_answer,
-    loopback_only,  # noqa: F401  (a fixture)
     running_server,
     tiny_service,
     wait_until,

@@ -19,14 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support.serve_http import (
-    catalog_tools,
-    check_answer,
-    loopback_only,  # noqa: F401  (a fixture)
-    running_server,
-    smollm_tokenizer,
-    write_registry,
-)
+from support.serve_http import catalog_tools, check_answer, running_server, smollm_tokenizer, write_registry
 
 from tooltrie.compiler import compile_registry
 from tooltrie.ranker import MODEL_ONLY, UNTRAINED, Weights

@@ -23,14 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support.serve_http import (
-    catalog_tools,
-    loopback_only,  # noqa: F401  (a fixture)
-    running_server,
-    smollm_tokenizer,
-    wait_until,
-    write_registry,
-)
+from support.serve_http import catalog_tools, running_server, smollm_tokenizer, wait_until, write_registry
 from support.training_stub import BASE_FINGERPRINT, StubJob, alive, events
 
 from tooltrie.serve.adapter import ADAPTER_WEIGHTS_FILE, RECORD_FILE, read_adapter

@@ -26,14 +26,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from support.serve_http import (
-    check_answer,
-    loopback_only,  # noqa: F401  (a fixture)
-    running_server,
-    same_answer,
-    smollm_tokenizer,
-    tiny_service,
-)
+from support.serve_http import check_answer, running_server, same_answer, smollm_tokenizer, tiny_service
 
 from tooltrie.compiler import Artifact
 from tooltrie.errors import TooltrieError

@@ -1,12 +1,15 @@
 """Helpers for ``test_serve_http.py`` and ``test_serve_mcp.py``: the real discovery server (uvicorn, in a thread, on a
-loopback port), a gate that holds the model's forward passes (to stage queues, disconnects and reloads
-deterministically), a guard that fails any connection beyond loopback, and the checks every answer must pass.
+loopback port; or ``tooltrie serve`` in a process of its own), a gate that holds the model's forward passes (to stage
+queues, disconnects and reloads deterministically), and the checks every answer must pass. The guard that fails any
+connection beyond loopback is ``conftest.py``'s ``loopback_only`` fixture.
 """
 
 from __future__ import annotations
 
-import ipaddress
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -16,7 +19,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import pytest
+import httpx
 import uvicorn
 import yaml
 
@@ -80,6 +83,39 @@ def running_server(service: DiscoveryService, *, log_level: str = "warning") -> 
         server.should_exit = True
         thread.join(30)
         sock.close()
+
+
+@dataclass
+class ServeProcess:
+    url: str  # http://127.0.0.1:PORT
+    process: subprocess.Popen[bytes]
+    output: str = ""  # what it printed (stdout and stderr), once it has stopped
+
+
+@contextmanager
+def serve_command(options: Sequence[str], folder: Path) -> Iterator[ServeProcess]:
+    """``tooltrie serve OPTIONS`` as a user runs it, in a process of its own on a free loopback port (its compile
+    cache in ``folder/cache``), once it answers ``/healthz``; stopped with SIGTERM on exit."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "tooltrie.cli", "serve", "--port", str(port), *options]
+    env = {**os.environ, "TOOLTRIE_CACHE_DIR": str(folder / "cache")}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    served = ServeProcess(url=f"http://127.0.0.1:{port}", process=process)
+    try:
+        def up() -> bool:
+            assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
+            try:
+                return httpx.get(served.url + "/healthz", timeout=10).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(up, timeout_s=120, what="tooltrie serve to answer /healthz")
+        yield served
+    finally:
+        process.terminate()
+        served.output = process.communicate(timeout=60)[0].decode()
 
 
 def tiny_service(registries: Sequence[Path], cache_dir: Path, *, limits: ServeLimits | None = None,
@@ -170,33 +206,3 @@ def same_answer(a: dict[str, Any], b: dict[str, Any]) -> bool:
     """The same tools in the same order; scores equal up to float rounding between batch compositions."""
     return ([(t["name"], t["pointer"]) for t in a["tools"]] == [(t["name"], t["pointer"]) for t in b["tools"]]
             and all(abs(x["score"] - y["score"]) < 2e-3 for x, y in zip(a["tools"], b["tools"], strict=True)))
-
-
-# -- no network beyond loopback -----------------------------------------------------------------------------------
-
-_real_connect = socket.socket.connect
-_real_connect_ex = socket.socket.connect_ex
-
-
-def _check_loopback(address: Any) -> None:
-    if isinstance(address, tuple) and not ipaddress.ip_address(address[0]).is_loopback:
-        raise AssertionError(f"tried to connect beyond loopback: {address}")
-
-
-def _loopback_connect(self: socket.socket, address: Any) -> None:
-    _check_loopback(address)
-    _real_connect(self, address)
-
-
-def _loopback_connect_ex(self: socket.socket, address: Any) -> int:
-    _check_loopback(address)
-    return _real_connect_ex(self, address)
-
-
-@pytest.fixture(scope="module")
-def loopback_only() -> Iterator[None]:
-    """Fail any socket connection to an address outside 127.0.0.0/8 and ::1, for the whole module."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(socket.socket, "connect", _loopback_connect)
-        patch.setattr(socket.socket, "connect_ex", _loopback_connect_ex)
-        yield
