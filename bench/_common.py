@@ -12,14 +12,13 @@ import platform
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tooltrie.eval.files import json_text, relative_paths
+from tooltrie.eval.files import json_text, relative_paths, write_text
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
@@ -241,19 +240,6 @@ def write_results(name: str, *, settings: Mapping[str, Any], results: Any, out: 
     """Write ``{"machine", "versions", "settings", "results"}`` to ``bench/results/<name>.json`` (or ``out``),
     atomically: a reader sees the old file or the whole new one."""
     path = Path(out) if out is not None else RESULTS_DIR / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"machine": machine_info(), "versions": package_versions(), "settings": dict(settings),
                "results": results}
-    text = json_text(relative_paths(payload, root=REPO_DIR))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; results are for everyone to read
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_text(path, json_text(relative_paths(payload, root=REPO_DIR)))

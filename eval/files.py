@@ -12,12 +12,16 @@ from typing import Any
 
 
 def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically, its folder made if need be: a reader sees the old file or the
+    whole new one, also after a crash (the bytes reach the disk before the rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
         make_readable(tmp)
         os.replace(tmp, path)
     except BaseException:
