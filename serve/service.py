@@ -280,8 +280,7 @@ class DiscoveryService:
         # The model's own adapter was trained on these tools: nothing to train.
         known = self.base_adapter is not None and training_mismatch(self.base_adapter, served.artifact) is None
         if self.trainer is not None and adapter is None and not known:
-            self.trainer.request(served.name, served.artifact)  # ready at once when it is in the cache
-            adapter = self.trainer.cached(served.artifact)
+            adapter = self.trainer.adapter(served.name, served.artifact)  # from the cache, else queued
         if adapter is None:  # the server's prompt, which ``served`` was counted with when loaded
             return replace(served, adapter=None)
         return served.with_adapter(adapter, self.tokenizer, self._prompt(adapter))

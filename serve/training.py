@@ -155,20 +155,28 @@ class AdapterTrainer:
         in the cache. A registry reloaded meanwhile is queued for its new version, whose status ``name`` then
         shows; an older version still waiting leaves the queue, one training finishes (and is not swapped in:
         it no longer fits)."""
+        return self._request(name, artifact)[0]
+
+    def adapter(self, name: str, artifact: Artifact) -> AdapterRecord | None:
+        """``name``'s adapter for ``artifact`` when the cache has a sound one, else None, and it is queued to be
+        trained (``request``): the weights are read and hashed once."""
+        return self._request(name, artifact)[1]
+
+    def _request(self, name: str, artifact: Artifact) -> tuple[TrainingStatus, AdapterRecord | None]:
         key = self.directory(artifact).name
         current = self.status.get(name)
         if current is not None and current.state in ("queued", "training") and current.key == key:
-            return current
+            return current, None
         self._queue = deque(entry for entry in self._queue if entry[0] != name)
         cached = self.cached(artifact)
         if cached is not None:  # trained already (the service swaps it in when it loads the registry)
             self.status[name] = TrainingStatus("ready", steps=self.job.steps, key=key, step=self.job.steps,
                                                adapter=str(cached.path))
-            return self.status[name]
+            return self.status[name], cached
         status = self.status[name] = TrainingStatus("queued", steps=self.job.steps, key=key)
         self._queue.append((name, artifact, status))
         self._wake.set()
-        return status
+        return status, None
 
     async def run(self, ready: Ready) -> None:
         """Train what is queued, one registry at a time, calling ``ready(name, adapter)`` after each; until

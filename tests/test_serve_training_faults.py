@@ -6,7 +6,7 @@
 - a child that hangs is killed at the time limit and reported failed in ``/v1/registries`` and ``/metrics``;
 - stopping the trainer (the server's shutdown) never blocks the event loop, even for a child that ignores SIGTERM;
 - a cached adapter that is truncated, corrupt, or written before records held its weights' sha256 is trained again,
-  never served.
+  never served; a sound one is served at start-up, its weights hashed once.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import pytest
 from support.serve_http import catalog_tools, running_server, smollm_tokenizer, wait_until, write_registry
 from support.training_stub import BASE_FINGERPRINT, StubJob, alive, events
 
+import tooltrie.serve.adapter as adapter_module
 from tooltrie.serve.adapter import ADAPTER_WEIGHTS_FILE, RECORD_FILE, read_adapter
 from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.service import DiscoveryService
@@ -58,6 +59,15 @@ def _service(registry: Path, tmp_path: Path, job: StubJob, **options: Any) -> Di
     return DiscoveryService.from_paths([registry], tiny_llama(), smollm_tokenizer(),
                                        cache_dir=tmp_path / "cache" / "compiled", prompt=Prompt.style("short"),
                                        trainer=trainer)
+
+
+async def _train(service: DiscoveryService) -> None:
+    """Run ``service``'s trainer until registry ``tools`` is trained (or failed)."""
+    run = asyncio.create_task(service.run_training())
+    while service.trainer.status["tools"].state not in ("ready", "failed"):  # type: ignore[union-attr]
+        await asyncio.sleep(0.05)
+    run.cancel()
+    await asyncio.gather(run, return_exceptions=True)
 
 
 def _started(directory: Path, count: int) -> list[int]:
@@ -201,15 +211,7 @@ def test_a_damaged_cached_adapter_is_trained_again_never_served(tmp_path: Path, 
     jobs.mkdir()
     (jobs / "release").touch()
     first = _service(registry, tmp_path, StubJob(jobs))
-
-    async def train(service: DiscoveryService) -> None:
-        run = asyncio.create_task(service.run_training())
-        while service.trainer.status["tools"].state not in ("ready", "failed"):  # type: ignore[union-attr]
-            await asyncio.sleep(0.05)
-        run.cancel()
-        await asyncio.gather(run, return_exceptions=True)
-
-    asyncio.run(asyncio.wait_for(train(first), 120))
+    asyncio.run(asyncio.wait_for(_train(first), 120))
     adapter = Path(first.trainer.status["tools"].adapter or "")  # type: ignore[union-attr]
     weights, record = adapter / ADAPTER_WEIGHTS_FILE, adapter / RECORD_FILE
     if damage == "truncated":
@@ -224,7 +226,23 @@ def test_a_damaged_cached_adapter_is_trained_again_never_served(tmp_path: Path, 
     assert again.served("tools").adapter is None  # never served
     assert again.registries()[0]["training"]["state"] == "queued"
     assert any("is not used, and is trained again" in message for message in caplog.messages)
-    asyncio.run(asyncio.wait_for(train(again), 120))
+    asyncio.run(asyncio.wait_for(_train(again), 120))
     assert again.registries()[0]["training"]["state"] == "ready"
     assert again.served("tools").adapter is not None and again.served("tools").adapter.path == adapter
     assert [word for word, _ in events(jobs)] == ["started", "landed"] * 2
+
+
+def test_a_restart_serves_its_cached_adapter_hashing_the_weights_once(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache is looked up once per registry at start-up: the weights' sha256 is checked, and not again."""
+    registry, jobs = _registry(tmp_path), tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "release").touch()
+    asyncio.run(asyncio.wait_for(_train(_service(registry, tmp_path, StubJob(jobs))), 120))
+    hashed: list[Path] = []
+    sha256 = adapter_module._sha256
+    monkeypatch.setattr(adapter_module, "_sha256", lambda path: hashed.append(path) or sha256(path))
+    again = _service(registry, tmp_path, StubJob(jobs))
+    adapter = again.served("tools").adapter
+    assert adapter is not None and again.registries()[0]["training"]["state"] == "ready"
+    assert hashed == [adapter.path / ADAPTER_WEIGHTS_FILE]
