@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import copy
 import threading
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from support.encoders import MadeUpEncoder
 from support.serve import small_artifact, tiny_model
 from support.serve_http import Gate
 
@@ -24,18 +23,6 @@ from tooltrie.serve.errors import DecodingFailedError
 from tooltrie.serve.worker import Answered, Job, Worker
 
 QUERIES = ["find the weather in Paris", "book me a table", "search the web for news", "x"]
-
-
-class MadeUpEncoder:
-    """A unit vector per text, fixed by its checksum; counts the texts it encodes."""
-
-    def __init__(self) -> None:
-        self.encoded: list[str] = []
-
-    def encode(self, texts: list[str]) -> torch.Tensor:
-        self.encoded += texts
-        rows = [np.random.default_rng(zlib.crc32(t.encode())).standard_normal(16) for t in texts]
-        return torch.nn.functional.normalize(torch.tensor(np.array(rows), dtype=torch.float32), dim=-1)
 
 
 @pytest.fixture(scope="module")
