@@ -122,10 +122,10 @@ def _no_encoder(*_: object) -> object:
 
 @pytest.mark.usefixtures("loopback_only")
 def test_the_lexical_prior_ranks_without_the_sentence_encoder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where all-MiniLM-L6-v2 is not installed, a request over the lexical prior ranks retrieval and fused answers
-    (BM25 alone, the encoder never loaded); one over dense or hybrid is refused with a 422 naming the missing
-    model, and ``auto`` ranks fused only where the request's prior can be made. A server told to rank fused over
-    hybrid without the model refuses to start; over lexical it starts."""
+    """Where all-MiniLM-L6-v2 is not installed, a request over the lexical prior ranks retrieval and fused answers (BM25
+    alone, the encoder never loaded); one over dense or hybrid is refused with a 422 naming the missing model, and
+    ``auto`` (a model without an adapter: the prior alone) ranks by the prior only where it can be made. A server told
+    to rank fused over hybrid without the model refuses to start; over lexical it starts."""
     import httpx
 
     monkeypatch.setattr(service_module, "locate_minilm", lambda: None)
@@ -143,7 +143,7 @@ def test_the_lexical_prior_ranks_without_the_sentence_encoder(tmp_path: Path, mo
     with running_server(service) as running, httpx.Client(base_url=running.url, timeout=60) as client:
         for ask, ranked in (({"ranker": "fused", "prior": "lexical"}, "fused"),
                             ({"ranker": "retrieval", "prior": "lexical"}, "retrieval"),
-                            ({"prior": "lexical"}, "fused"),  # auto: the lexical prior can be made
+                            ({"prior": "lexical"}, "retrieval"),  # auto, no adapter: the prior alone, made
                             ({}, "model"),  # auto: the server's hybrid prior cannot
                             ({"ranker": "model", "prior": "dense"}, "model")):
             reply = client.post("/v1/discover", json={"query": query, "k": 2, **ask})

@@ -22,7 +22,7 @@ import pytest
 from support.serve_http import catalog_tools, check_answer, running_server, smollm_tokenizer, write_registry
 
 from tooltrie.compiler import compile_registry
-from tooltrie.ranker import MODEL_ONLY, UNTRAINED, Weights
+from tooltrie.ranker import MODEL_ONLY, NO_ADAPTER, UNTRAINED, Weights
 from tooltrie.ranker_policy import auto_ranker, fused_weights
 from tooltrie.serve.adapter import read_adapter
 from tooltrie.serve.engine import Engine, response
@@ -226,6 +226,16 @@ def test_an_adapter_trained_on_the_registry_ranks_as_its_record_says(tmp_path: P
     assert auto_ranker(record, artifact, retrieval=False) == "model"
     assert auto_ranker(record, other, retrieval=True) == "fused" and fused_weights(record, other) == UNTRAINED
     assert fused_weights(record, artifact) == (Weights(**ranker["fused"]) if "fused" in ranker else MODEL_ONLY)
+
+
+def test_a_model_without_an_adapter_ranks_by_the_prior_alone() -> None:
+    """The base model was never taught to choose tools: fused, it adds nothing to the prior (measured), so ``auto``
+    is the prior's own ranking, or the model where no prior can be made."""
+    artifact = compile_registry(_registry([{"name": n, "description": d} for n, d in catalog_tools(0, 6)]),
+                                smollm_tokenizer())
+    assert auto_ranker(None, artifact, retrieval=True) == "retrieval"
+    assert auto_ranker(None, artifact, retrieval=False) == "model"
+    assert fused_weights(None, artifact) == NO_ADAPTER
 
 
 def test_a_registry_the_served_model_was_trained_on_is_not_trained_again(tmp_path: Path) -> None:

@@ -39,10 +39,11 @@ def fused_weights(text: str) -> Any:
 
 def add_ranker_options(command: argparse.ArgumentParser, *, what: str = "the", default: str = "auto") -> None:
     """``--ranker``, ``--prior`` and ``--fused-weights`` (names kept in step with ``tooltrie/ranker.py``)."""
-    from tooltrie.ranker import DEFAULT_PRIOR, PRIORS, RANKERS, UNTRAINED
+    from tooltrie.ranker import DEFAULT_PRIOR, NO_ADAPTER, PRIORS, RANKERS, UNTRAINED
 
     auto = (" (auto: the model alone on the registry its adapter was trained on, else fused where the prior can be "
-            "made: lexical always, dense and hybrid where all-MiniLM-L6-v2 is installed)") if default == "auto" else ""
+            "made: lexical always, dense and hybrid where all-MiniLM-L6-v2 is installed; a model without an adapter: "
+            "the prior alone)") if default == "auto" else ""
     command.add_argument("--ranker", choices=("auto", *RANKERS) if default == "auto" else RANKERS, default=default,
                          help=f"what {what} answers rank by: the model, retrieval (the prior alone) or "
                               f"both fused inside the decode (default: {default}{auto})")
@@ -52,5 +53,6 @@ def add_ranker_options(command: argparse.ArgumentParser, *, what: str = "the", d
                               f"{DEFAULT_PRIOR})")
     command.add_argument("--fused-weights", type=fused_weights, default=None, metavar="MODEL,RETRIEVAL",
                          help="the fused ranker's weights (default: on the registry the adapter was trained on, "
-                              f"its own; elsewhere {UNTRAINED.model:g},{UNTRAINED.retrieval:g}: retrieval leading)")
+                              f"its own; elsewhere {UNTRAINED.model:g},{UNTRAINED.retrieval:g}: retrieval leading; "
+                              f"without an adapter {NO_ADAPTER.model:g},{NO_ADAPTER.retrieval:g})")
 

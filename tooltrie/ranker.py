@@ -78,6 +78,10 @@ MODEL_ONLY, RETRIEVAL_ONLY = Weights(1.0, 0.0), Weights(0.0, 1.0)
 # prior on BFCL's validation split with the bundled adapter, which never saw BFCL (bench/sweep_fused.py;
 # docs/benchmarks.md#the-fused-ranker-and-its-weights): 10 and 20 tied on exact sets, 10 ahead on recall.
 UNTRAINED = Weights(model=1.0, retrieval=10.0)
+# For a model with no adapter at all (never taught to choose tools) the prior decides and the model only breaks its
+# near-exact ties. Chosen over the hybrid prior on the catalog's validation splits with the base model (10, 20, 50:
+# 104, 104, 105 exact of 169, the hybrid prior alone 105; docs/benchmarks.md#what-the-model-adds-to-the-prior).
+NO_ADAPTER = Weights(model=1.0, retrieval=50.0)
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: it holds an array
@@ -283,6 +287,6 @@ def _write_embeddings(path: Path, embeddings: npt.NDArray[np.float32], registry_
         logging.getLogger(__name__).warning("the tools' embeddings were not cached: %s", exc)
 
 
-__all__ = ["DEFAULT_PRIOR", "HYBRID", "PRIORS", "RANKERS", "Prior", "Ranker", "RankerError", "Weights", "check_prior",
-           "check_ranker", "embeddings_path", "lexical_path", "needs_encoder", "prior_parts", "ranker_for",
-           "standardized"]
+__all__ = ["DEFAULT_PRIOR", "HYBRID", "NO_ADAPTER", "PRIORS", "RANKERS", "Prior", "Ranker", "RankerError", "Weights",
+           "check_prior", "check_ranker", "embeddings_path", "lexical_path", "needs_encoder", "prior_parts",
+           "ranker_for", "standardized"]

@@ -11,6 +11,11 @@ leads (``UNTRAINED``). The entry holds what was measured for that adapter, or sa
 
 Without ``auto``, nothing chose between the rankers for that adapter: it answers fused where the record gives fused
 weights (the prior is never a hard filter, and those weights are what its training was made for), else alone.
+
+A model with no adapter at all (``--base``, or a model directory without a record) was never taught to choose tools:
+it answers by the prior alone (``retrieval``). Fused, the base SmolLM2 added nothing to the hybrid prior on the
+catalog's validation splits at any weight (10, 20, 50; docs/benchmarks.md#what-the-model-adds-to-the-prior), where
+the shipped adapter, on registries it never saw, adds to it (BFCL's validation and test splits).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tooltrie.compiler import provenance
-from tooltrie.ranker import MODEL_ONLY, UNTRAINED, Weights
+from tooltrie.ranker import MODEL_ONLY, NO_ADAPTER, UNTRAINED, Weights
 
 if TYPE_CHECKING:
     from tooltrie.compiler.artifact import Artifact
@@ -38,10 +43,13 @@ class TrainedAdapter(provenance.MadeFor, Protocol):
 def auto_ranker(adapter: TrainedAdapter | None, artifact: Artifact, *, retrieval: bool) -> str:
     """What ``--ranker auto`` ranks ``artifact``'s answers by, for a model with ``adapter``. On the registry the
     adapter was trained on: what a measurement there chose (``ranker.auto``), else fused where its record gives fused
-    weights, else the model alone. Elsewhere the fused ranker. Never a ranker that needs a prior where it cannot be
-    made (``retrieval``: whether it can, e.g. all-MiniLM-L6-v2 is installed for a dense or hybrid prior)."""
+    weights, else the model alone. Elsewhere the fused ranker; without an adapter the prior alone. Never a ranker that
+    needs a prior where it cannot be made (``retrieval``: whether it can, e.g. all-MiniLM-L6-v2 is installed for a
+    dense or hybrid prior)."""
     if not retrieval:
         return "model"
+    if adapter is None:
+        return "retrieval"
     measured = _measured(adapter, artifact)
     if measured is None:
         return "fused"
@@ -51,8 +59,10 @@ def auto_ranker(adapter: TrainedAdapter | None, artifact: Artifact, *, retrieval
 def fused_weights(adapter: TrainedAdapter | None, artifact: Artifact) -> Weights:
     """The fused ranker's weights for a model with ``adapter`` on ``artifact``. On the registry the adapter was
     trained on: the adapter's own (``ranker.fused`` in its record), else the model alone (nothing says retrieval
-    helps it there). Anywhere else ``UNTRAINED``: a model that does not know
-    the tools lets the retrieval prior lead."""
+    helps it there). Anywhere else ``UNTRAINED``: a model that does not know the tools lets the retrieval prior
+    lead; without an adapter ``NO_ADAPTER``: the prior decides, the model breaks its ties."""
+    if adapter is None:
+        return NO_ADAPTER
     measured = _measured(adapter, artifact)
     if measured is None:
         return UNTRAINED
