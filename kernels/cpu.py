@@ -224,6 +224,7 @@ def check_stats(stats: Any, n_slots: int) -> None:
         raise DecodeError(f"stats must be float64 [{n_slots}, 3], got {stats.dtype} {tuple(stats.shape)}")
 
 
+@functools.cache  # one per shape: an array of no rows holds nothing to write, and a step asks for four
 def no_rows(*shape: int, dtype: Any = np.int32) -> npt.NDArray[Any]:
     """An output that is not wanted: no rows."""
     return np.zeros((0, *shape), dtype=dtype)
