@@ -200,7 +200,8 @@ def test_what_the_processor_cannot_do_is_refused(tmp_path: Path) -> None:
         reply = client.post("/v1/discover", json={"query": QUERIES[0], "k": 1, "allow": ["WeatherTool", "NewsTool"]})
         assert reply.status_code == 422 and "vLLM" in reply.json()["error"]["message"], reply.text
         for ranker in ("retrieval", "fused"):  # vLLM's processor ranks by the model alone
-            reply = client.post("/v1/discover", json={"query": QUERIES[0], "k": 1, "ranker": ranker, "prior": "lexical"})
+            ask = {"query": QUERIES[0], "k": 1, "ranker": ranker, "prior": "lexical"}
+            reply = client.post("/v1/discover", json=ask)
             assert reply.status_code == 422, reply.text
             assert reply.json()["error"]["message"].startswith(f"ranker {ranker}: this server answers through vLLM")
         assert client.post("/v1/discover", json={"query": QUERIES[0], "k": 1}).status_code == 200
