@@ -8,13 +8,13 @@ index of them), bit for bit."""
 from __future__ import annotations
 
 import math
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.encoders import MadeUpEncoder
 
 from tooltrie.lexical import BM25_PARAMETERS, STOPWORDS, LexicalIndex, identifier_words, tool_words
 from tooltrie.ranker import HYBRID, Ranker, lexical_path, standardized
@@ -174,20 +174,10 @@ def odd_registry() -> Registry:
                           {"name": "__"}, {"name": "getWeather"}], name="odd")
 
 
-class MadeUpEncoder:
-    """A unit vector per text, fixed by its checksum (no model is loaded)."""
-
-    def encode(self, texts: list[str]) -> object:
-        import torch
-
-        rows = [np.random.default_rng(zlib.crc32(t.encode())).standard_normal(8) for t in texts]
-        return torch.nn.functional.normalize(torch.tensor(np.array(rows), dtype=torch.float32), dim=-1)
-
-
 @pytest.mark.parametrize("query", ["", "   ", "the of and to", "?!", "天气预报", "Größe berechnen", "weather"])
 @pytest.mark.parametrize("prior", ["lexical", "hybrid", "dense"])
 def test_bad_input_is_scored_without_nan(query: str, prior: str) -> None:
-    ranker = Ranker(odd_registry(), prior=prior, encoder=MadeUpEncoder())
+    ranker = Ranker(odd_registry(), prior=prior, encoder=MadeUpEncoder(8))
     scores = ranker.prior_scores([query])
     assert scores.shape == (1, 5) and np.isfinite(scores).all()
     assert len(ranker.rank_indices(query, 5)) == 5
@@ -211,7 +201,7 @@ def test_a_registry_of_wordless_names_scores_zero() -> None:
 
 def test_the_hybrid_prior_is_the_weighted_sum_of_the_two_z_scores() -> None:
     registry = load_registry(CATALOG_PATH)
-    ranker = Ranker(registry, encoder=MadeUpEncoder())
+    ranker = Ranker(registry, encoder=MadeUpEncoder(8))
     queries = ["What will the weather be in Paris?", "convert 100 dollars to euros", ""]
     expected = (HYBRID["dense"] * standardized(ranker.similarities(queries))
                 + HYBRID["lexical"] * standardized(np.array([ranker.lexical.scores(q) for q in queries])))

@@ -8,13 +8,11 @@ and a request over a prior that needs it is refused, naming it."""
 from __future__ import annotations
 
 import asyncio
-import threading
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from support.encoders import MadeUpEncoder
 from support.serve import tiny_model
 from support.serve_http import catalog, check_answer, running_server, smollm_tokenizer
 
@@ -30,18 +28,6 @@ QUERIES = ("will it rain in Paris tomorrow", "convert dollars to euros", "news a
 WEIGHTS = Weights(model=1.0, retrieval=20.0)
 
 
-class ThreadRecordingEncoder:
-    """A unit vector per text, fixed by its checksum; records which thread encoded each text."""
-
-    def __init__(self) -> None:
-        self.encoded: list[tuple[str, str]] = []  # (thread name, text)
-
-    def encode(self, texts: list[str]) -> torch.Tensor:
-        self.encoded += [(threading.current_thread().name, text) for text in texts]
-        rows = [np.random.default_rng(zlib.crc32(t.encode())).standard_normal(16) for t in texts]
-        return torch.nn.functional.normalize(torch.tensor(np.array(rows), dtype=torch.float32), dim=-1)
-
-
 class NeverAsked:
     """A pre-filter retriever that must not be used: the prior's similarities rank instead."""
 
@@ -54,7 +40,7 @@ class NeverAsked:
 
 
 def test_priors_are_made_at_admission_once_per_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    encoder = ThreadRecordingEncoder()
+    encoder = MadeUpEncoder()
     monkeypatch.setattr(service_module, "ranker_for",
                         lambda artifact, source, weights, prior: Ranker(artifact.registry, fused=WEIGHTS, prior=prior,
                                                                         encoder=encoder))
@@ -77,14 +63,15 @@ def test_priors_are_made_at_admission_once_per_request(tmp_path: Path, monkeypat
         service.stop()
     for ask, body in zip(asks, bodies, strict=True):
         check_answer(body, catalog(), ask.k)
-    by_query = {query: [thread for thread, text in encoder.encoded if text == query] for query in QUERIES}
+    asked = list(zip(encoder.threads, encoder.encoded, strict=True))  # (thread, text)
+    by_query = {query: [thread for thread, text in asked if text == query] for query in QUERIES}
     assert all(len(threads) == 1 for threads in by_query.values()), by_query  # embedded once each
     assert "tooltrie-worker" not in {thread for threads in by_query.values() for thread in threads}, by_query
     assert retriever.asked == []  # the pre-filter ranked by the prior's similarities
 
     # What the engine decodes with the prior it was handed (within the pre-filter's top N by the same similarities)
     # is what it decodes making the prior itself.
-    ranker = Ranker(served.artifact.registry, fused=WEIGHTS, encoder=ThreadRecordingEncoder())
+    ranker = Ranker(served.artifact.registry, fused=WEIGHTS, encoder=MadeUpEncoder())
     engine = Engine(tiny_model(), tokenizer, served.artifact, ranker=ranker)
     names = served.artifact.registry.names
     for ask, body in zip(asks, bodies, strict=True):
@@ -97,7 +84,7 @@ def test_priors_are_made_at_admission_once_per_request(tmp_path: Path, monkeypat
 def test_a_prior_made_for_another_registry_version_is_made_again() -> None:
     tokenizer = smollm_tokenizer()
     artifact = ServedRegistry.compile(catalog(), tokenizer, service_module.Prompt()).artifact
-    encoder = ThreadRecordingEncoder()
+    encoder = MadeUpEncoder()
     ranker = Ranker(artifact.registry, fused=WEIGHTS, encoder=encoder)
     engine = Engine(tiny_model(), tokenizer, artifact, ranker=ranker)
     query = QUERIES[0]
@@ -106,11 +93,11 @@ def test_a_prior_made_for_another_registry_version_is_made_again() -> None:
     # Scores that would name the last tool first, for another version of the registry: not used.
     stale = Prior(-fresh.scores, fresh.model_weight, fresh.weights, registry_sha256="0" * 64)
     expected = engine.run([Request(query, 2, ranker="retrieval")])[0]
-    encoder.encoded.clear()
+    encoder.forget()
     answer = engine.run([Request(query, 2, ranker="retrieval", prior=stale)])[0]
     assert [tool.name for tool in answer.tools] == [tool.name for tool in expected.tools]
-    assert [text for _, text in encoder.encoded] == [query]  # made again, once
-    encoder.encoded.clear()
+    assert encoder.encoded == [query]  # made again, once
+    encoder.forget()
     handed = engine.run([Request(query, 2, ranker="retrieval", prior=fresh)])[0]
     assert [tool.name for tool in handed.tools] == [tool.name for tool in expected.tools]
     assert encoder.encoded == []  # the prior it was handed, used as it is

@@ -3,39 +3,28 @@ embedded text has the highest cosine with its own, ties to the tool listed first
 
 from __future__ import annotations
 
-import zlib
-
-import numpy as np
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.encoders import MadeUpEncoder
 
 from tooltrie.registry import make_registry
 from tooltrie.retrieval import tool_text
 from tooltrie.train.hard_negatives import confused_tools
 
 
-class GridEncoder:
-    """One of four random unit vectors per text (by its checksum): texts that share one tie exactly."""
-
-    def encode(self, texts: list[str]) -> torch.Tensor:
-        rows = [np.random.default_rng(zlib.crc32(t.encode()) % 4).standard_normal(8) for t in texts]
-        return torch.nn.functional.normalize(torch.tensor(np.array(rows), dtype=torch.float32), dim=-1)
-
-
 @settings(deadline=None, max_examples=50)
 @given(names=st.lists(st.from_regex(r"[a-z]{1,6}", fullmatch=True), min_size=2, max_size=12, unique=True))
 def test_each_tool_is_paired_with_the_nearest_other_tool(names: list[str]) -> None:
     registry = make_registry([{"name": name} for name in names], name="tools")
-    vectors = GridEncoder().encode([tool_text(tool) for tool in registry.tools]).double()
+    vectors = MadeUpEncoder(8, distinct=4).encode([tool_text(tool) for tool in registry.tools]).double()
     expected = {}
     for i, name in enumerate(registry.names):
         similarity = [float(vectors[i] @ vectors[j]) if j != i else -2.0 for j in range(len(names))]
         best = max(similarity)
         expected[name] = registry.names[next(j for j, s in enumerate(similarity) if s >= best - 1e-6)]
-    assert confused_tools(registry, encoder=GridEncoder()) == expected  # type: ignore[arg-type]
+    assert confused_tools(registry, encoder=MadeUpEncoder(8, distinct=4)) == expected  # type: ignore[arg-type]
 
 
 def test_a_registry_of_one_tool_has_no_hard_negatives() -> None:
     one = make_registry([{"name": "only"}], name="one")
-    assert confused_tools(one, encoder=GridEncoder()) == {}  # type: ignore[arg-type]
+    assert confused_tools(one, encoder=MadeUpEncoder(8, distinct=4)) == {}  # type: ignore[arg-type]
