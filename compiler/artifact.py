@@ -10,8 +10,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save
 
+from tooltrie import files
 from tooltrie.compiler.contract import Contract
 from tooltrie.compiler.tokenizer_info import TokenizerInfo
 from tooltrie.compiler.trie import CompiledTrie, Split, phase_of
@@ -239,31 +238,10 @@ class Artifact:
 
 
 def write_atomically(path: str | Path, blob: bytes) -> Path:
-    """Write ``blob`` to ``path`` so that a reader sees the old file or the whole new one, never half of it. A path
-    that cannot be written (a directory there, a read-only folder) is an ``ArtifactError`` naming it."""
-    path = Path(path)
+    """Write ``blob`` to ``path`` so that a reader sees the old file or the whole new one, never half of it
+    (``tooltrie.files``). A path that cannot be written (a directory there, a read-only folder) is an
+    ``ArtifactError`` naming it."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        return files.write_atomically(path, blob)
     except OSError as exc:
         raise ArtifactError(f"{path}: cannot write the artifact there: {exc}") from None
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(blob)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it private; the file is as readable as any other
-        os.replace(tmp, path)
-    except OSError as exc:
-        Path(tmp).unlink(missing_ok=True)
-        raise ArtifactError(f"{path}: cannot write the artifact there: {exc}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -10,24 +10,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tooltrie.files import make_readable, write_atomically
+
 
 def write_text(path: str | Path, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically, its folder made if need be: a reader sees the old file or the
-    whole new one, also after a crash (the bytes reach the disk before the rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        make_readable(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write ``text`` (UTF-8) to ``path`` atomically (``tooltrie.files``), its folder made if need be."""
+    return write_atomically(path, text.encode("utf-8"))
 
 
 JSON_WIDTH = 120  # a container whose one-line form fits in this many characters stays on one line
@@ -82,17 +70,12 @@ def relative_paths(value: Any, *, root: str | Path | None = None) -> Any:
     return value
 
 
-def make_readable(path: str | Path) -> None:
-    """Give a file made by ``mkstemp`` (private) the permissions of an ordinary file."""
-    os.chmod(path, 0o666 & ~_umask())
-
-
 def fresh_directory_beside(target: str | Path) -> Path:
     """An empty temporary directory next to ``target``, to fill and then ``replace_directory`` into place."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    os.chmod(tmp, 0o777 & ~_umask())
+    make_readable(tmp, mode=0o777)
     return tmp
 
 
@@ -107,9 +90,3 @@ def replace_directory(tmp: Path, target: str | Path) -> Path:
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return target
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from tooltrie.errors import TooltrieError
-from tooltrie.eval.files import make_readable
 from tooltrie.eval.files import write_text as _write_text
 from tooltrie.eval.results import RESULTS_FILE, write_results_files
+from tooltrie.files import make_readable
 
 TABLE_COLUMNS = (  # (key in a summary, column title, format)
     ("answers", "answers", "{:d}"),
