@@ -10,9 +10,12 @@ dtype ``tooltrie serve`` would use), greedy, k tools per answer, the requests th
   (``min_tokens = max_tokens``, stop ignored): the same work for the model, so the difference is the constraint's.
 
 For each registry (the 47-tool catalog, BFCL's 1,853 names, a synthetic registry of 10,000 names, queries from the
-bundled test splits; BFCL's for the synthetic one) and batch size: one ``generate`` of B requests per arm, one after
-the other (tooltrie, unconstrained, xgrammar): wall time, output tokens, time per output token, answers per second,
-tokens per answer, valid answers (k distinct tools of the registry). Prefix caching is off: every arm prefills.
+bundled test splits; BFCL's for the synthetic one) and batch size: an untimed ``generate`` of B requests by tooltrie
+(the engine meets the batch's shapes once before any arm is timed, and the unconstrained arm gets its lengths), then
+``--rounds`` rounds of one ``generate`` per arm, taking turns (the first arm rotates from round to round): the median
+wall time, the median of each round's ratio to the unconstrained arm, output tokens, time per output token, answers
+per second, tokens per answer, valid answers (k distinct tools of the registry). Prefix caching is off: every arm
+prefills.
 
 First answer on a registry the engine has not seen: after a warm-up on a 3-tool registry (both arms' code paths
 compiled), one request per registry and arm, then the same request again: the difference is our processor loading
@@ -31,11 +34,11 @@ import itertools
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from _common import REPO_DIR, RESULTS_DIR, print_table, write_results
+from _common import REPO_DIR, RESULTS_DIR, median, print_table, take_turns, write_results
 from bench_compile import synthetic_names
 
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
@@ -109,6 +112,25 @@ class Bench:
                 "valid": sum(valid(text, setup.artifact, self.k) for text in texts) if arm != "unconstrained" else None}
 
 
+def batch_times(bench: Bench, setup: EvalSetup, arms: dict[str, Any], queries: Sequence[LabelledQuery],
+                rounds: int) -> dict[str, dict[str, Any]]:
+    """Each arm's ``generate`` of ``queries``, ``rounds`` times, taking turns, after an untimed tooltrie pass (the
+    batch's shapes met once, the unconstrained arm's lengths): per arm its last result and ``rounds_s``, the time of
+    each round's ``generate``."""
+    lengths = bench.generate(setup, arms, "tooltrie", queries)["lengths"]
+    last: dict[str, dict[str, Any]] = {}
+
+    def turn(arm: str) -> Callable[[], dict[str, float]]:
+        def run_arm() -> dict[str, float]:
+            last[arm] = bench.generate(setup, arms, arm, queries,
+                                       tokens_each=lengths if arm == "unconstrained" else None)
+            return {"generate": last[arm]["wall_s"]}
+        return run_arm
+
+    times = take_turns({arm: turn(arm) for arm in ARMS}, rounds)
+    return {arm: {**last[arm], "rounds_s": times[arm].samples["generate"]} for arm in ARMS}
+
+
 def first_answers(bench: Bench, setups: dict[str, tuple[EvalSetup, Any, list[LabelledQuery]]]) -> list[dict[str, Any]]:
     """Per registry and constrained arm: a first request (the registry new to the engine), then the same again."""
     rows = []
@@ -168,22 +190,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for name, (setup, arms, queries) in setups.items():
         for batch in batches:
             chosen = list(itertools.islice(itertools.cycle(queries), batch))
-            ours = bench.generate(setup, arms, "tooltrie", chosen)
-            plain = bench.generate(setup, arms, "unconstrained", chosen, tokens_each=ours["lengths"])
-            grammar = bench.generate(setup, arms, "xgrammar", chosen)
-            for arm, result in (("tooltrie", ours), ("unconstrained", plain), ("xgrammar", grammar)):
+            results = batch_times(bench, setup, arms, chosen, args.rounds)
+            plain, grammar = results["unconstrained"]["rounds_s"], results["xgrammar"]["rounds_s"]
+            for arm, result in results.items():
+                wall, each = median(result["rounds_s"]), result["rounds_s"]
                 rows.append({
-                    "registry": name, "batch": batch, "arm": arm, "wall_s": result["wall_s"],
-                    "tokens": result["tokens"], "ms_per_token": 1e3 * result["wall_s"] / max(result["tokens"], 1),
-                    "answers_per_s": batch / result["wall_s"], "tokens_per_answer": result["tokens"] / batch,
-                    "valid": result["valid"],
-                    "vs_unconstrained": result["wall_s"] / plain["wall_s"],
-                    "answers_per_s_vs_xgrammar": grammar["wall_s"] / result["wall_s"]})
-            print(f"{name} batch {batch}: tooltrie {ours['wall_s']:.2f} s, unconstrained {plain['wall_s']:.2f} s, "
-                  f"xgrammar {grammar['wall_s']:.2f} s", file=sys.stderr, flush=True)
-    print_table([{key: round(value, 3) if isinstance(value, float) else value for key, value in row.items()}
-                 for row in rows], title=f"vLLM's engine, k = {args.k}, greedy (vs: wall time ratio to the "
-                                         "unconstrained arm; answers/s ratio to xgrammar's)")
+                    "registry": name, "batch": batch, "arm": arm, "wall_s": wall, "tokens": result["tokens"],
+                    "ms_per_token": 1e3 * wall / max(result["tokens"], 1), "answers_per_s": batch / wall,
+                    "tokens_per_answer": result["tokens"] / batch, "valid": result["valid"],
+                    "vs_unconstrained": median([a / b for a, b in zip(each, plain, strict=True)]),
+                    "answers_per_s_vs_xgrammar": median([b / a for a, b in zip(each, grammar, strict=True)]),
+                    "rounds_s": each})
+            print(f"{name} batch {batch}, seconds per round: " + "; ".join(
+                f"{arm} {', '.join(f'{t:.2f}' for t in result['rounds_s'])}" for arm, result in results.items()),
+                file=sys.stderr, flush=True)
+    print_table([{key: round(value, 3) if isinstance(value, float) else value for key, value in row.items()
+                  if key != "rounds_s"} for row in rows],
+                title=f"vLLM's engine, k = {args.k}, greedy, median of {args.rounds} rounds (vs: each round's "
+                      "wall time ratio to the unconstrained arm; answers/s ratio to xgrammar's)")
     return {"startup_s": startup_s, "model_dtype": dtype, "llm_settings": {
         key: value for key, value in settings.items() if key != "structured_outputs_config"}, "first_answer": first,
         "batches": rows}
@@ -195,6 +219,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--synthetic-size", type=int, default=10_000, help="tools in the synthetic registry")
     parser.add_argument("--batches", default="1,16,64,256", help="batch sizes (default 1,16,64,256)")
     parser.add_argument("--k", type=int, default=2, help="tools per answer (default 2)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed generates per arm and batch, taking turns "
+                                                              "(default 3)")
     parser.add_argument("--dtype", default="auto", help="the model's dtype, as tooltrie serve --dtype (default auto)")
     parser.add_argument("--kv-cache-gib", type=int, default=2, help="vLLM's KV cache on a CPU (default 2 GiB)")
     parser.add_argument("--workdir", default=str(REPO_DIR / "build" / "bench-vllm"),
