@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tooltrie.ranker import DEFAULT_PRIOR, PRIORS
+from tooltrie.ranker import DEFAULT_PRIOR, check_prior
 
 __all__ = ["LOSS_NAMES", "PRECISION_NAMES", "SAMPLING_NAMES", "LoraSettings", "TrainSettings"]
 
@@ -72,8 +72,7 @@ class TrainSettings:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.prior_weight < 0:
             raise ValueError(f"prior_weight must be at least 0, got {self.prior_weight}")
-        if self.prior not in PRIORS:
-            raise ValueError(f"unknown prior {self.prior!r}; choose one of {list(PRIORS)}")
+        check_prior(self.prior, where="training settings")  # a RankerError, a ValueError
         if self.lora.rank < 1:
             raise ValueError(f"the LoRA rank must be at least 1, got {self.lora.rank}")
         if self.lora.top_layers is not None and self.lora.top_layers < 1:
