@@ -42,7 +42,25 @@ def make_readable(path: str | Path, *, mode: int = 0o666) -> None:
 
 
 def umask() -> int:
-    """The process's umask (read by setting it and putting it back)."""
+    """The process's umask, as read once at import (``_UMASK``): never set again, not even for a moment."""
+    return _UMASK
+
+
+def _read_umask() -> int:
+    """The umask without changing it where Linux shows it (``/proc/self/status``), else by setting it and putting it
+    back: once, at import, before any thread of ours can make a file or folder in that moment with no mask."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# Read at import: setting the umask to 0 and back on each call made, for that moment, every mkdir/open of another
+# thread world-writable. A program that changes its umask later should do so before importing this module.
+_UMASK = _read_umask()
