@@ -8,16 +8,18 @@ index of them), bit for bit."""
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.encoders import MadeUpEncoder
 
 from tooltrie.lexical import BM25_PARAMETERS, STOPWORDS, LexicalIndex, identifier_words, tool_words
-from tooltrie.ranker import HYBRID, Ranker, lexical_path, standardized
+from tooltrie.ranker import HYBRID, Ranker, lexical_path
 from tooltrie.registry import BFCL_PATH, CATALOG_PATH, load_registry, make_registry
 from tooltrie.registry.model import Parameter, Registry, Tool
 
@@ -199,15 +201,63 @@ def test_a_registry_of_wordless_names_scores_zero() -> None:
     assert np.isfinite(Ranker(registry, prior="lexical").prior_scores(["x", ""])).all()
 
 
-def test_the_hybrid_prior_is_the_weighted_sum_of_the_two_z_scores() -> None:
-    registry = load_registry(CATALOG_PATH)
-    ranker = Ranker(registry, encoder=MadeUpEncoder(8))
-    queries = ["What will the weather be in Paris?", "convert 100 dollars to euros", ""]
-    expected = (HYBRID["dense"] * standardized(ranker.similarities(queries))
-                + HYBRID["lexical"] * standardized(np.array([ranker.lexical.scores(q) for q in queries])))
-    np.testing.assert_allclose(ranker.prior_scores(queries), expected, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(ranker.prior_scores(queries, "lexical"),
-                               standardized(np.array([ranker.lexical.scores(q) for q in queries])))
+class WrittenOutEncoder:
+    """Embeddings written out by hand: a 2-d unit vector per text (``tool_text``'s of each tool, and the query's)."""
+
+    def __init__(self, vectors: dict[str, tuple[float, float]]) -> None:
+        self.vectors = vectors
+
+    def encode(self, texts: list[str]) -> torch.Tensor:
+        return torch.tensor([self.vectors[text] for text in texts], dtype=torch.float32)
+
+
+def by_hand_z(values: list[float]) -> list[float]:
+    """z-scores from the definition: minus the mean, over the population standard deviation."""
+    mean, spread = statistics.fmean(values), statistics.pstdev(values)
+    return [(value - mean) / spread for value in values]
+
+
+# Four tools of 2, 2, 4 and 2 words (average length 2.5); the query's words: "what" (no tool has it), "weather" (in
+# getWeather and weatherAlerts) and "alerts" (in weatherAlerts); "are" and "the" are stop words.
+TINY = make_registry([{"name": "getWeather"}, {"name": "convertCurrency"},
+                      {"name": "weatherAlerts", "description": "storm warnings"}, {"name": "sendEmail"}], name="tiny")
+TINY_QUERY = "What are the weather alerts?"
+# Lucene's BM25 with k1 = 1.5, b = 0.75, by hand: idf(weather) = ln(1 + (4 - 2 + 0.5) / (2 + 0.5)) = ln 2,
+# idf(alerts) = ln(1 + (4 - 1 + 0.5) / (1 + 0.5)) = ln(10/3); a word found once in a tool of 2 words counts
+# 1 / (1 + 1.5 * (0.25 + 0.75 * 2 / 2.5)) = 1 / 2.275, in the tool of 4 words 1 / (1 + 1.5 * (0.25 + 0.75 * 4 / 2.5))
+# = 1 / 3.175.
+TINY_BM25 = [math.log(2) / 2.275, 0.0, (math.log(2) + math.log(10 / 3)) / 3.175, 0.0]
+# The query's cosines with the tools, by the vectors below: 0.8, 0, 0.6, -0.6 (mean 0.2, variance 1.2 / 4 = 0.3).
+TINY_VECTORS = {"getWeather": (0.8, 0.6), "convertCurrency": (0.0, 1.0), "weatherAlerts: storm warnings": (0.6, 0.8),
+                "sendEmail": (-0.6, 0.8), TINY_QUERY: (1.0, 0.0)}
+TINY_DENSE_Z = [value / math.sqrt(0.3) for value in (0.6, -0.2, 0.4, -0.8)]
+
+
+def test_the_priors_of_a_tiny_registry_are_the_numbers_worked_out_by_hand() -> None:
+    """BM25, the z-scores and the hybrid sum against numbers worked out from their definitions (comments above),
+    not against the module's own helpers: the tool whose name holds the query's words leads the lexical prior, the
+    nearest embedding leads the dense one, and the hybrid prior is the dense z-scores plus ``HYBRID``'s weight times
+    the lexical ones."""
+    assert (BM25_PARAMETERS["k1"], BM25_PARAMETERS["b"]) == (1.5, 0.75)  # the constants the numbers above use
+    ranker = Ranker(TINY, encoder=WrittenOutEncoder(TINY_VECTORS))
+    np.testing.assert_allclose(ranker.lexical.scores(TINY_QUERY), TINY_BM25, rtol=1e-6)
+    lexical_z = by_hand_z(TINY_BM25)
+    np.testing.assert_allclose(lexical_z, [0.31885, -0.90883, 1.49880, -0.90883], atol=1e-5)  # by hand, rounded
+    expected = {"lexical": lexical_z, "dense": TINY_DENSE_Z,
+                "hybrid": [HYBRID["dense"] * d + HYBRID["lexical"] * lex
+                           for d, lex in zip(TINY_DENSE_Z, lexical_z, strict=True)]}
+    for kind, row in expected.items():
+        (scores,) = ranker.prior_scores([TINY_QUERY], kind)
+        np.testing.assert_allclose(scores, row, rtol=1e-5, atol=1e-6, err_msg=kind)
+    for kind in ("lexical", "dense"):
+        (scores,) = ranker.prior_scores([TINY_QUERY], kind).astype(np.float64)
+        assert abs(scores.mean()) < 1e-6 and abs(scores.std() - 1) < 1e-6, kind  # mean 0, unit spread
+    assert [TINY.names[i] for i in ranker.rank_indices(TINY_QUERY, 2, prior="lexical")] == ["weatherAlerts",
+                                                                                          "getWeather"]
+    assert ranker.rank_indices(TINY_QUERY, 4, prior="dense") == [0, 2, 1, 3]
+    assert ranker.rank_indices(TINY_QUERY, 4) == [0, 2, 1, 3]  # hybrid, the default: 0.15 does not overturn dense
+    (nothing,) = ranker.prior_scores(["zzz"], "lexical")  # no word in common: no evidence, all 0, never NaN
+    assert not nothing.any()
 
 
 def test_the_index_is_kept_beside_the_artifact_and_rebuilt_when_the_registry_changes(
