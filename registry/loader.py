@@ -9,7 +9,9 @@ Formats, picked by extension and shape:
   bare or under ``"tools"``;
 - an MCP ``tools/list`` result (``.json``): ``{"tools": [{"name", "description", "inputSchema"}]}``, bare or
   inside a JSON-RPC response's ``"result"``;
-- JSONL (``.jsonl``): one ``{"name", "description", ...}`` object per line; extra keys are kept out of the way.
+- JSONL (``.jsonl``): one ``{"name", "description", ...}`` object per line; extra keys are kept out of the way;
+- an OpenAPI 3 document (``.json`` or ``.yaml``, known by its top-level ``openapi: 3.x``): one tool per operation,
+  as ``registry/openapi.py`` says (a Swagger 2.0 document is refused).
 
 A tool's ``parameters`` (MCP: ``inputSchema``) are read as ``registry/parameters.py`` says: a JSON schema object or
 the native list.
@@ -31,6 +33,7 @@ import yaml
 
 from tooltrie.errors import RegistryError
 from tooltrie.registry.model import Parameter, Registry, Tool
+from tooltrie.registry.openapi import NAMINGS, Naming, is_openapi, tool_entries
 from tooltrie.registry.parameters import parameters
 from tooltrie.registry.problems import Problem, RegistryProblems, kind
 
@@ -52,12 +55,15 @@ class _Record:
 
 
 def load_registry(path: str | Path, *, name: str | None = None, problems: list[Problem] | None = None,
-                  require_descriptions: bool = False) -> Registry:
+                  require_descriptions: bool = False, openapi_names: Naming = "operation_id") -> Registry:
     """Load and validate a registry file.
 
     With ``problems`` given, problems of single entries are appended to it and the registry of the entries
     without any is returned (for a report that adds the compiler's own checks); without it they are raised
     together as :class:`RegistryProblems`. ``require_descriptions``: an empty description is a problem too.
+    ``openapi_names``: an OpenAPI operation's tool is named by its ``operationId`` (``"operation_id"``; the method
+    and path where it has none) or by its method and path (``"path"``: ``GET /person/{person_id}/movie_credits``
+    -> ``get_person_movie_credits``).
 
     >>> from tooltrie.registry import CATALOG_PATH
     >>> catalog = load_registry(CATALOG_PATH)
@@ -72,21 +78,33 @@ def load_registry(path: str | Path, *, name: str | None = None, problems: list[P
     except (OSError, UnicodeDecodeError) as exc:
         raise RegistryError(f"{path}: cannot read the registry: {exc}") from None
     return parse_registry(text, source=str(path), suffix=path.suffix.lower(), name=name or path.stem,
-                          problems=problems, require_descriptions=require_descriptions)
+                          problems=problems, require_descriptions=require_descriptions, openapi_names=openapi_names)
 
 
 def parse_registry(text: str, *, source: str, suffix: str, name: str, problems: list[Problem] | None = None,
-                   require_descriptions: bool = False) -> Registry:
-    """Parse registry text whose format is given by a file ``suffix`` (``.yaml``, ``.json``, ``.jsonl``)."""
-    strict = suffix in (".yaml", ".yml")  # native YAML: unknown keys are errors
-    if strict:
-        records, name = _read_native_yaml(text, source, name)
+                   require_descriptions: bool = False, openapi_names: Naming = "operation_id") -> Registry:
+    """Parse registry text whose format is given by a file ``suffix`` (``.yaml``, ``.json``, ``.jsonl``) and, for
+    an OpenAPI document, by its content."""
+    if openapi_names not in NAMINGS:
+        raise ValueError(f"openapi_names must be one of {NAMINGS}, got {openapi_names!r}")
+    root, data = None, None
+    if suffix in (".yaml", ".yml"):
+        root, data = _read_yaml(text, source)
+    elif suffix == ".json":
+        data = _read_json_document(text, source)
+    elif suffix != ".jsonl":
+        raise RegistryError(f"{source}: unknown registry format {suffix!r}: expected .yaml, .yml, .json or .jsonl")
+    strict = False  # native YAML: unknown keys are errors
+    if is_openapi(data):
+        records = [_Record(entry.fields, entry.where, entry.refused)
+                   for entry in tool_entries(data, source=source, names=openapi_names)]
     elif suffix == ".jsonl":
         records = _read_jsonl(text, source)
     elif suffix == ".json":
-        records = list(_read_json(text, source))
+        records = list(_json_records(data, source))
     else:
-        raise RegistryError(f"{source}: unknown registry format {suffix!r}: expected .yaml, .yml, .json or .jsonl")
+        records, name = _native_records(root, data, source, name)
+        strict = True
     return _registry_from_records(records, strict=strict, name=name, source=source, problems=problems,
                                   require_descriptions=require_descriptions)
 
@@ -121,7 +139,8 @@ def _registry_from_records(records: list[_Record], *, strict: bool, name: str, s
     return Registry(name=name, tools=tuple(tools), source=source)
 
 
-def _read_native_yaml(text: str, source: str, name: str) -> tuple[list[_Record], str]:
+def _read_yaml(text: str, source: str) -> tuple[yaml.Node | None, Any]:
+    """The document's root node (for line numbers) and its value."""
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()
@@ -134,6 +153,10 @@ def _read_native_yaml(text: str, source: str, name: str) -> tuple[list[_Record],
         raise RegistryError(f"{source}: invalid YAML: an alias refers to a node that holds it") from None
     finally:
         loader.dispose()
+    return root, data
+
+
+def _native_records(root: yaml.Node | None, data: Any, source: str, name: str) -> tuple[list[_Record], str]:
     if not isinstance(data, dict):
         raise RegistryError(f"{source}: expected a mapping with a 'tools' list at the top level, got {kind(data)}")
     unknown = sorted(set(map(str, data)) - _NATIVE_TOP_KEYS)
@@ -210,11 +233,14 @@ def _json_line(line: str, where: str) -> Any:
         raise RegistryError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from None
 
 
-def _read_json(text: str, source: str) -> Iterator[_Record]:
+def _read_json_document(text: str, source: str) -> Any:
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise RegistryError(f"{source}:{exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+
+
+def _json_records(data: Any, source: str) -> Iterator[_Record]:
     if isinstance(data, dict) and isinstance(data.get("result"), dict):  # a JSON-RPC response to tools/list
         data = data["result"]
     if isinstance(data, dict) and data.get("nextCursor"):
