@@ -264,6 +264,38 @@ class LexicalIndex:
                     return None  # another registry version or another kind of index: built afresh
                 vocabulary = json.loads(meta["vocabulary"])
                 matrix = {name: f.get_tensor(name) for name in ("data", "indices", "indptr")} if vocabulary else {}
-        except Exception:  # a damaged cache file is rebuilt, never trusted
+            _check_index(vocabulary, matrix, len(registry))
+        except Exception as exc:  # a damaged cache file, or one whose arrays do not fit together, is rebuilt
+            logging.getLogger(__name__).warning("the kept lexical index %s is not used, and is built afresh: %s",
+                                                path, exc)
             return None
         return cls(vocabulary, matrix, len(registry))
+
+
+def _check_index(vocabulary: Any, matrix: dict[str, npt.NDArray[Any]], n_tools: int) -> None:
+    """Raise ``ValueError`` unless a kept index is one ``LexicalIndex.build`` could have made for ``n_tools`` tools:
+    the word ids 0..n_words-1, a CSC matrix of n_words columns (``indptr``: n_words + 1 offsets from 0 to the number
+    of entries, never decreasing) whose entries are tools in ``[0, n_tools)`` with finite scores, none negative
+    (Lucene's idf is positive). A well-formed file that breaks one of these would fail, or answer wrongly, on every
+    query."""
+    if not isinstance(vocabulary, dict) or not all(isinstance(word, str) and type(word_id) is int
+                                                   for word, word_id in vocabulary.items()):
+        raise ValueError("its vocabulary is not a map of words to ids")
+    if sorted(vocabulary.values()) != list(range(len(vocabulary))):
+        raise ValueError(f"its {len(vocabulary)} word ids are not 0..{len(vocabulary) - 1}")
+    if not vocabulary:
+        return
+    data, indices, indptr = matrix["data"], matrix["indices"], matrix["indptr"]
+    kinds = (("data", data, np.float32), ("indices", indices, np.int32), ("indptr", indptr, np.int64))
+    for name, array, dtype in kinds:
+        if array.ndim != 1 or array.dtype != dtype:
+            raise ValueError(f"{name} is {array.dtype}{list(array.shape)}, not a vector of {np.dtype(dtype)}")
+    if len(indptr) != len(vocabulary) + 1 or indptr[0] != 0 or indptr[-1] != len(data) or len(indices) != len(data):
+        raise ValueError(f"its matrix of {len(indptr)} offsets (to {indptr[-1] if len(indptr) else None}), "
+                         f"{len(indices)} tool ids and {len(data)} scores does not fit {len(vocabulary)} words")
+    if (np.diff(indptr) < 0).any():
+        raise ValueError("its column offsets decrease")
+    if len(indices) and (indices.min() < 0 or indices.max() >= n_tools):
+        raise ValueError(f"its tool ids run from {indices.min()} to {indices.max()}, outside 0..{n_tools - 1}")
+    if not (np.isfinite(data) & (data >= 0)).all():
+        raise ValueError("its scores are not all finite and non-negative")
