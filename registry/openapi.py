@@ -173,7 +173,7 @@ def _arguments(path: str, method: str, item: dict[str, Any], refs: _Refs) -> dic
             continue
         schema = parameter.get("schema")
         if schema is None and isinstance(parameter.get("content"), dict):  # the other way to give a schema
-            schema = next(iter(_media_schemas(parameter["content"], f"{where}.content")), (None, ""))[0]
+            schema = next(iter(_media_schemas(parameter["content"], f"{where}.content").values()), (None, ""))[0]
         properties[name] = _property(schema, parameter.get("description"), refs, f"{where}.schema")
         if location == "path" or _flag(parameter.get("required", False), f"{where}.required"):
             required.append(name)
