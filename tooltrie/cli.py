@@ -18,7 +18,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     compile_cmd = commands.add_parser("compile", help="compile a registry into a trie artifact")
-    compile_cmd.add_argument("registry", type=Path, help="registry file (.yaml, .json, .jsonl; an OpenAPI 3 document as .json or .yaml)")
+    compile_cmd.add_argument("registry", type=Path,
+                             help="registry file (.yaml, .json, .jsonl; an OpenAPI 3 document as .json or .yaml)")
     compile_cmd.add_argument("--tokenizer", default=None,
                              help="tokenizer directory, tokenizer.json, or bundled name (default: smollm2-135m)")
     add_separator_option(compile_cmd, default=", ")
