@@ -45,63 +45,25 @@ from tooltrie.compiler.artifact import Artifact
 from tooltrie.compiler.tokenizer_info import TokenizerInfo
 from tooltrie.errors import DecodeError
 from tooltrie.kernels.batch import TrieBatch
-from tooltrie.kernels.state import DONE, ERROR, check_k, check_subset
-from tooltrie.ranker import MODEL_ONLY, Prior, Ranker, RankerError, check_ranker
-from tooltrie.registry.subsets import select_tools
+from tooltrie.kernels.state import DONE, ERROR
+from tooltrie.ranker import MODEL_ONLY, Prior, Ranker, RankerError
 from tooltrie.serve.adapter import AdapterRecord, low_rank_updates
 from tooltrie.serve.decoder import Prefix, SharedPrefixDecoder
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.prompt import Prompt
+from tooltrie.serve.request import Answer, Request, RequestStatus, ToolChoice, check_request
 
 _RUNS_CACHED = 4096  # decision points whose speculated runs an engine keeps (the catalog's k = 1 answers need one)
 # Prompt tokens (after the cached prefix) a row reads per pass: serving's default, whose limits say why.
 PREFILL_TOKENS = ServeLimits.prefill_tokens
 
 
-@dataclass(frozen=True)
-class Request:
-    """One discovery question. ``constrained=False`` decodes without the grammar (plain greedy, full head)."""
-
-    query: str
-    k: int
-    constrained: bool = True
-    max_new_tokens: int = 64  # for unconstrained requests, and for a reasoning model's thinking
-    reasoning: bool = False  # let a reasoning model think first: the constraint starts after its end marker
-    allow: tuple[str, ...] | None = None  # tool names or tags the answer may use (None: every tool)
-    deny: tuple[str, ...] = ()  # tool names or tags it may not use
-    ranker: str = "model"  # what the choices rank by: model, retrieval or fused (``tooltrie/ranker.py``)
-    # The ranker's prior for this request, made when it was admitted (``Ranker.row``); None: made at ``submit``.
-    prior: Prior | None = field(default=None, compare=False, repr=False)
-
-
-@dataclass
-class ToolChoice:
-    rank: int
-    name: str
-    pointer: str
-    score: float  # log-probability of choosing this tool, under the constraint, given the ones before it
-    margin: float  # smallest logit lead of the chosen token over the runner-up at this tool's decision points
-
-
-@dataclass
-class Answer:
-    tools: list[ToolChoice]
-    finish_reason: str  # "stop" | "length" | "error"
-    token_ids: list[int]
-    text: str
-    forward_passes: int
-    decision_points: int  # = forward_passes + speculated for a constrained answer
-    prompt_tokens: int
-    latency_ms: float
-    speculated: int = 0  # decisions taken on a speculated run's hidden state, without a pass of their own
-    ranker: dict[str, float] = field(default_factory=MODEL_ONLY.as_dict)  # the weights its choices used
-
-
 @dataclass
 class _Row:
-    """A request being decoded: what to feed next, and its running totals. Its trie state (node, tools, status,
-    thinking) is its cache slot's row of the engine's batch state, read there, never copied; its keys and values are
-    the decoder's, in the same slot."""
+    """The engine's bookkeeping for a request it is decoding (the request itself carries what was asked and, at the
+    end, its answer): what to feed next, and its running totals. Its trie state (node, tools, status, thinking) is its
+    cache slot's row of the engine's batch state, read there, never copied; its keys and values are the decoder's, in
+    the same slot."""
 
     request: Request
     prompt: list[int]  # prompt tokens not yet fed (after the cached prefix): fed in chunks, ``Engine.prefill`` a step
@@ -163,10 +125,9 @@ class Engine:
         self.prompt = prompt or Prompt()
         self._prompts: dict[int, tuple[str, str]] = {}  # k -> (prefix text, suffix)
         self._prefixes: dict[str, Prefix] = {}  # prefix text -> its keys and values, computed once
-        self._waiting: deque[tuple[int, Request, frozenset[int] | None, Prior | None]] = deque()
-        self._active: list[tuple[int, _Row]] = []  # (ticket, row)
+        self._waiting: deque[Request] = deque()
+        self._active: list[_Row] = []
         self._free_slots = list(range(max_batch - 1, -1, -1))
-        self._next_ticket = 0
 
     # -- prompt and prefix cache ------------------------------------------------------------------------------
 
@@ -201,11 +162,11 @@ class Engine:
         is checked before any is started."""
         for i, request in enumerate(requests):
             self._check(request, where=f"request {i}")
-        tickets = [self.submit(request) for request in requests]
-        answers: dict[int, Answer] = {}
+        for request in requests:
+            self.submit(request)
         while self.busy:
-            answers.update(self.step())
-        return [answers[ticket] for ticket in tickets]
+            self.step()
+        return [request.answer for request in requests]  # type: ignore[misc]  # each finished by its step
 
     # -- continuous batching: submit, step, cancel (one thread drives an engine) ---------------------------------
 
@@ -216,33 +177,36 @@ class Engine:
                       backend=self.backend, speculate=self.speculate, ranker=self.ranker, adapter=self.adapter,
                       prefill=self.prefill)
 
-    def submit(self, request: Request) -> int:
-        """Queue a request; it joins the running batch at a later ``step``. Returns its ticket. Its prior is made
-        here when it comes without one (or with one for another version of the registry), never in a step."""
-        allowed = self._check(request, where="request")
-        ticket = self._next_ticket
-        self._next_ticket += 1
-        self._waiting.append((ticket, request, allowed, self._prior(request)))
-        return ticket
+    def submit(self, request: Request) -> Request:
+        """Queue a request; it joins the running batch at a later ``step``, which finishes it (``request.answer``).
+        Its allowed tools are resolved and its prior made here when it comes without them (or with them for another
+        version of the registry, or another ranker), never in a step."""
+        request.tools = self._check(request, where="request")
+        request.tools_of = self.artifact.registry
+        request.prior = self._prior(request)
+        request.status, request.answer, request.error = RequestStatus.WAITING, None, None
+        self._waiting.append(request)
+        return request
 
     def _prior(self, request: Request) -> Prior | None:
-        if request.ranker == "model" or self.ranker is None:  # ``_check`` refused a ranker the engine cannot give
+        if request.ranked_by == "model" or self.ranker is None:  # ``_check`` refused a ranker the engine cannot give
             return None
-        prior = request.prior
-        if prior is None or prior.registry_sha256 != self.artifact.registry.sha256:
-            prior = self.ranker.row(request.query, request.ranker)
+        prior, weights = request.prior, self.ranker.weights(request.ranked_by)
+        if prior is None or prior.registry_sha256 != self.artifact.registry.sha256 or prior.weights != weights:
+            prior = self.ranker.row(request.query, request.ranked_by, prior=request.prior_kind)
         return prior
 
-    def cancel(self, ticket: int) -> bool:
+    def cancel(self, request: Request) -> bool:
         """Drop a request (e.g. its client left): it leaves the queue, or its slot is freed at the next step, before
         the pass (a long prompt's later chunks are never read)."""
-        for entry in self._waiting:
-            if entry[0] == ticket:
-                self._waiting.remove(entry)
-                return True
-        for index, row in self._active:
-            if index == ticket and self._finish_reason(row) is None:
+        if request in self._waiting:
+            self._waiting.remove(request)
+            request.status = RequestStatus.CANCELLED
+            return True
+        for row in self._active:
+            if row.request is request and self._finish_reason(row) is None:
                 row.ended = "cancelled"
+                request.status = RequestStatus.CANCELLED
                 return True
         return False
 
@@ -256,18 +220,18 @@ class Engine:
         """(active rows, waiting requests)."""
         return len(self._active), len(self._waiting)
 
-    def step(self) -> dict[int, Answer]:
+    def step(self) -> list[Request]:
         """Admit waiting requests into free slots, run one forward pass over the batch (the next chunk of each prompt
-        still being read, up to ``prefill`` tokens, and the others' next tokens together), and return the answers
-        that finished (by ticket). A request whose decoding fails ends with ``finish_reason="error"`` without
-        touching its neighbours."""
-        finished: dict[int, Answer] = {}
+        still being read, up to ``prefill`` tokens, and the others' next tokens together), and return the requests
+        that finished (each with its ``answer``). A request whose decoding fails ends with
+        ``finish_reason="error"`` without touching its neighbours."""
+        finished: list[Request] = []
         self.last_prefill = 0
         with torch.inference_mode():
             self._evict(finished)  # cancelled rows leave before the pass
             self._admit_waiting(finished)
             if self._active:
-                rows = [row for _, row in self._active]
+                rows = list(self._active)
                 self._run(rows)
                 self._decide_all([row for row in rows if not row.prompt])  # a row reading its prompt decides later
                 self._evict(finished)
@@ -275,41 +239,38 @@ class Engine:
 
     def _check(self, request: Request, *, where: str) -> frozenset[int] | None:
         """Refuse a request that cannot be answered; returns the tools it may name (None: all)."""
-        allowed = select_tools(self.artifact.registry, request.allow, request.deny, where=where)
-        if request.constrained:
-            check_k(request.k, self.artifact.trie.n_tools, where=where)
-            check_subset(self.artifact, allowed, request.k, where=where)
-        check_ranker(request.ranker, where=where)
-        if request.ranker != "model" and (self.ranker is None or not request.constrained):
-            raise RankerError(f"{where}: the {request.ranker} ranker needs a constrained request and an engine with a "
-                              "retrieval ranker (Engine(..., ranker=Ranker(registry)))")
+        allowed = check_request(request, self.artifact, where=where)
+        if request.ranked_by != "model" and (self.ranker is None or not request.constrained):
+            raise RankerError(f"{where}: the {request.ranked_by} ranker needs a constrained request and an engine with "
+                              "a retrieval ranker (Engine(..., ranker=Ranker(registry)))")
         if request.reasoning and self.reasoning_end_id is None:
             raise DecodeError(f"{where}: reasoning asked for, but {self.tokenizer.source} has no "
                               "reasoning-end marker (</think> or the like)")
         return allowed
 
-    def _admit_waiting(self, finished: dict[int, Answer]) -> None:
+    def _admit_waiting(self, finished: list[Request]) -> None:
         """Waiting requests take free slots and join the batch. One forced from start to stop is answered here."""
         while self._waiting and self._free_slots and len(self._active) < self.max_batch:
-            ticket, request, allowed, prior = self._waiting.popleft()
-            row = self._admit(request, allowed, prior)
+            request = self._waiting.popleft()
+            request.status = RequestStatus.DECODING
+            row = self._admit(request)
             if self._finish_reason(row) is not None:  # nothing for the model to decide: the slot was never used
-                finished[ticket] = self._finish(row)
+                finished.append(self._finish(row))
                 self._release(row)
             else:
-                self._active.append((ticket, row))
+                self._active.append(row)
 
-    def _evict(self, finished: dict[int, Answer]) -> None:
-        """Finished rows leave the batch and free their cache slot; their answers are handed out (a cancelled
-        one is dropped)."""
+    def _evict(self, finished: list[Request]) -> None:
+        """Finished rows leave the batch and free their cache slot; their requests are finished and handed out (a
+        cancelled one is dropped)."""
         still = []
-        for ticket, row in self._active:
+        for row in self._active:
             reason = self._finish_reason(row)
             if reason is None:
-                still.append((ticket, row))
+                still.append(row)
                 continue
             if reason != "cancelled":
-                finished[ticket] = self._finish(row)  # before the slot's trie state is freed
+                finished.append(self._finish(row))  # before the slot's trie state is freed
             self.decoder.release(row.cache_slot)
             self._release(row)
         self._active = still
@@ -332,7 +293,7 @@ class Engine:
             self.batch.remove(row.cache_slot)
         self._free_slots.append(row.cache_slot)
 
-    def _admit(self, request: Request, allowed: frozenset[int] | None, prior: Prior | None) -> _Row:
+    def _admit(self, request: Request) -> _Row:
         """A new request's row, holding a cache slot, on its prefix, with the rest of its prompt to feed."""
         prefix_text, prefix, suffix = self._prefix(request.k)
         # The prompt is tokenized whole, as the model would see it; the cached prefix serves as far as the two
@@ -342,9 +303,10 @@ class Engine:
         row = _Row(request=request, prompt=prompt_ids[shared:], pending=[], started=time.perf_counter(),
                    prompt_tokens=len(prompt_ids), cache_slot=self._free_slots.pop())
         if request.constrained:
+            prior = request.prior
             if prior is not None:
                 row.ranker = prior.weights.as_dict()
-            self.batch.add(row.cache_slot, request.k, thinking=request.reasoning, subset=allowed,
+            self.batch.add(row.cache_slot, request.k, thinking=request.reasoning, subset=request.tools,
                            prior=None if prior is None else prior.scores,
                            model_weight=1.0 if prior is None else prior.model_weight)
             if not request.reasoning:
@@ -492,7 +454,12 @@ class Engine:
             row.token_ids += row.pending
             row.pending = []
 
-    def _finish(self, row: _Row) -> Answer:
+    def _finish(self, row: _Row) -> Request:
+        """The row's request, finished with its answer."""
+        row.request.finish(self._answer(row))
+        return row.request
+
+    def _answer(self, row: _Row) -> Answer:
         names = self.artifact.registry.names
         tools = []
         reason = self._finish_reason(row) or "error"
@@ -509,7 +476,7 @@ class Engine:
                       text=self.tokenizer.decode(ids), forward_passes=row.forward_passes,
                       decision_points=row.decision_points, prompt_tokens=row.prompt_tokens,
                       latency_ms=(time.perf_counter() - row.started) * 1e3, speculated=row.speculated,
-                      ranker=row.ranker)
+                      ranker=row.ranker, artifact=self.artifact)
 
 
 def _decision_head(head: torch.Tensor, backend: str) -> Any:
@@ -531,22 +498,6 @@ def _decision_hidden(hidden: torch.Tensor, head: Any) -> torch.Tensor:
     return hidden.float().cpu()
 
 
-def response(answer: Answer, artifact: Artifact) -> dict[str, Any]:
-    """The discovery endpoint's JSON object for an answer (also what ``tooltrie ask --json`` prints)."""
-    return {
-        "tools": [{"rank": t.rank, "name": t.name, "pointer": t.pointer, "score": round(t.score, 4)}
-                  for t in answer.tools],
-        "finish_reason": answer.finish_reason,
-        "registry": artifact.registry.name,
-        "registry_sha256": artifact.registry.sha256,
-        "usage": {"prompt_tokens": answer.prompt_tokens, "completion_tokens": len(answer.token_ids),
-                  "forward_passes": answer.forward_passes, "decision_points": answer.decision_points,
-                  "speculated": answer.speculated},
-        "ranker": answer.ranker,
-        "latency_ms": round(answer.latency_ms, 2),
-    }
-
-
 def shared_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     """How many leading tokens ``a`` and ``b`` share (how much of a cached prefix serves a prompt)."""
     length = 0
@@ -557,4 +508,4 @@ def shared_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
     return length
 
 
-__all__ = ["Answer", "Engine", "Request", "ToolChoice", "response"]
+__all__ = ["Answer", "Engine", "Request", "ToolChoice"]

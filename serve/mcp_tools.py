@@ -22,6 +22,7 @@ from pydantic import Field
 
 from tooltrie.serve.errors import ServeError
 from tooltrie.serve.policy import Tenant
+from tooltrie.serve.request import Request
 from tooltrie.serve.schema import (
     ALLOW_HELP,
     DENY_HELP,
@@ -33,7 +34,7 @@ from tooltrie.serve.schema import (
     REGISTRY_HELP,
     DiscoverResponse,
 )
-from tooltrie.serve.service import DiscoveryRequest, DiscoveryService
+from tooltrie.serve.service import DiscoveryService
 
 MCP_PATH = "/mcp"
 TOOL_NAME = "discover_tools"
@@ -66,9 +67,9 @@ def mcp_server(service: DiscoveryService) -> MCPServer:
     ) -> DiscoverResponse:
         scope = getattr(ctx.request_context.request, "scope", {})
         tenant = scope.get(TENANT_SCOPE_KEY)
-        ask = DiscoveryRequest(query, k, registry, allow=None if allow is None else tuple(allow),
-                               deny=tuple(deny or ()), prefilter=prefilter, ranker=ranker, prior=prior,
-                               tenant=tenant if isinstance(tenant, Tenant) else None)
+        ask = Request(query, k, registry, allow=None if allow is None else tuple(allow), deny=tuple(deny or ()),
+                      prefilter=prefilter, ranker=ranker, prior_kind=prior,
+                      tenant=tenant if isinstance(tenant, Tenant) else None)
         try:
             body = await service.discover(ask)
         except ServeError as exc:

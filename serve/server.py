@@ -29,7 +29,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, cast
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
+from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
@@ -43,8 +44,9 @@ from tooltrie.serve.mcp_tools import MCP_PATH, TENANT_SCOPE_KEY, mcp_server
 from tooltrie.serve.metrics import ServeMetrics
 from tooltrie.serve.policy import Policy, Tenant, check_open_binding
 from tooltrie.serve.prefilter import Prefilter, PrefilterError, prior_rankers
+from tooltrie.serve.request import Request
 from tooltrie.serve.schema import DiscoverBody, DiscoverResponse, ErrorBody
-from tooltrie.serve.service import Disconnected, DiscoveryRequest, DiscoveryService
+from tooltrie.serve.service import Disconnected, DiscoveryService
 from tooltrie.serve.training import TrainingJob
 
 logger = logging.getLogger(__name__)
@@ -96,16 +98,15 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
     app.add_exception_handler(Exception, _unexpected_error)
 
     @app.post("/v1/discover", response_model=DiscoverResponse, responses=_ERRORS, tags=["discovery"])
-    async def discover(body: DiscoverBody, request: Request) -> dict[str, Any]:
+    async def discover(body: DiscoverBody, request: HttpRequest) -> dict[str, Any]:
         """Exactly k distinct tools of the registry that best answer the query, most relevant first."""
-        ask = DiscoveryRequest(query=body.query, k=body.k, registry=body.registry,
-                               allow=None if body.allow is None else tuple(body.allow), deny=tuple(body.deny),
-                               prefilter=body.prefilter, tenant=_tenant(request), ranker=body.ranker,
-                               prior=body.prior)
+        ask = Request(query=body.query, k=body.k, registry=body.registry,
+                      allow=None if body.allow is None else tuple(body.allow), deny=tuple(body.deny),
+                      prefilter=body.prefilter, tenant=_tenant(request), ranker=body.ranker, prior_kind=body.prior)
         return await service.discover(ask, disconnected=_until_disconnected(request))
 
     @app.get("/v1/registries", tags=["registries"], responses={401: _ERRORS[401]})
-    async def registries(request: Request) -> dict[str, Any]:
+    async def registries(request: HttpRequest) -> dict[str, Any]:
         """The registries served (with a policy: those the tenant may use, and how many of their tools): name, tool
         count, placement (constant or global memory) and hashes."""
         return {"registries": service.registries(_tenant(request))}
@@ -113,7 +114,7 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
     @app.post("/v1/registries/{name}/reload", tags=["registries"],
               responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "the tenant is not an admin"},
                          404: _ERRORS[404], 422: {"model": ErrorBody, "description": "the file no longer loads"}})
-    async def reload(name: str, request: Request) -> dict[str, Any]:
+    async def reload(name: str, request: HttpRequest) -> dict[str, Any]:
         """Re-read the registry's file, compile it and swap it in: requests already decoding finish on the old
         version, later ones get the new one. A file that no longer loads (or no longer fits the policy) leaves the
         old version serving (422). With a policy, only an admin tenant may reload."""
@@ -122,7 +123,7 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
     @app.post("/v1/registries/{name}/train", tags=["registries"],
               responses={401: _ERRORS[401], 403: {"model": ErrorBody, "description": "the tenant is not an admin"},
                          404: _ERRORS[404], 503: {"model": ErrorBody, "description": "the server trains no adapters"}})
-    async def train(name: str, request: Request) -> dict[str, Any]:
+    async def train(name: str, request: HttpRequest) -> dict[str, Any]:
         """Train the registry's own adapter in the background (a server started with --train): the answers use
         the fused ranker meanwhile, and the adapter is swapped in when ready. Returns the training's status, also
         shown in /v1/registries and /metrics. With a policy, only an admin tenant may."""
@@ -153,13 +154,13 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
     return app
 
 
-def _tenant(request: Request) -> Tenant | None:
+def _tenant(request: HttpRequest) -> Tenant | None:
     """Whom ``_Authenticate`` found the request's key belongs to (None: the server has no policy)."""
     tenant = request.scope.get(TENANT_SCOPE_KEY)
     return tenant if isinstance(tenant, Tenant) else None
 
 
-def _until_disconnected(request: Request) -> Disconnected:
+def _until_disconnected(request: HttpRequest) -> Disconnected:
     """A coroutine function that returns once the client has gone. The body has been read by then, so the next
     ASGI message is ``http.disconnect`` (uvicorn sends nothing else until the response is complete)."""
 
@@ -176,7 +177,7 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
-async def _serve_error(_: Request, exc: Exception) -> JSONResponse:
+async def _serve_error(_: HttpRequest, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServeError)
     headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, QueueFullError) else None
     if isinstance(exc, UnauthorizedError):
@@ -184,7 +185,7 @@ async def _serve_error(_: Request, exc: Exception) -> JSONResponse:
     return _error(exc.status, exc.code, str(exc), headers)
 
 
-async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(_: HttpRequest, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
     for error in errors:
@@ -213,13 +214,13 @@ def _describe(error: dict[str, Any]) -> str:
     return f"{field}: {error.get('msg', 'invalid')} (got {got[:80]})"
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+async def _http_error(_: HttpRequest, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     return _error(exc.status_code, code, str(exc.detail), dict(exc.headers or {}))
 
 
-async def _unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+async def _unexpected_error(_: HttpRequest, exc: Exception) -> JSONResponse:
     logger.error("unexpected error", exc_info=exc)
     return _error(500, "internal", f"internal error ({type(exc).__name__}); see the server's log")
 

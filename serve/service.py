@@ -1,19 +1,19 @@
 """The discovery service: named registries, each decoded by its own engine on one shared model, behind one worker.
 
-Both front ends, HTTP (``server.py``) and MCP (``mcp_tools.py``), call :meth:`DiscoveryService.discover`. A request
-takes one path:
+Both front ends, HTTP (``server.py``) and MCP (``mcp_tools.py``), make one ``Request`` (``request.py``) from what
+the caller sent and call :meth:`DiscoveryService.discover` with it. That one object goes the whole way:
 
-1. ``admit``: the registry is looked up (among the tenant's, with a policy) and the request checked against it
-   (query length, k against the tools) and turned into an engine ``Request``. The tools it may be answered with are
-   narrowed here (``access.py``: the tenant's policy, then the request's ``allow``/``deny``; ``prefilter.py``: the
-   top N by retrieval) and handed to the engine as ``Request.allow``, which enforces them in the mask. The ranker's
-   prior is made here too (``Ranker.row``, in a thread: the query embedded once, for the pre-filter and the prior
-   alike), so the worker's steps never wait for an embedding. Everything that can be refused is refused here,
-   before the request reaches a batch, so a bad request never disturbs the others.
-2. ``_decode``: a ``Job`` for the worker thread; the caller awaits its future, cancelling the job when the
+1. ``admit``, the one door: the registry is looked up (among the tenant's, with a policy) and the request checked
+   against it (query length, k against the tools). The tools it may be answered with are narrowed here
+   (``access.py``: the tenant's policy, then the request's ``allow``/``deny``; ``prefilter.py``: the top N by
+   retrieval) into ``request.tools``, ids the engine enforces in the mask. The ranker's prior is made here too
+   (``Ranker.row``, in a thread: the query embedded once, for the pre-filter and the prior alike), so the worker's
+   steps never wait for an embedding. Everything that can be refused is refused here, before the request reaches a
+   batch, so a bad request never disturbs the others.
+2. ``_decode``: the request goes to the worker thread; the caller awaits its delivery, cancelling it when the
    server's timeout passes or the client disconnects (its slot is freed at the next step).
 3. the answer is checked against the caller's policy once more, under the registry version that answered (a reload
-   while decoding may have changed it), then becomes the endpoint's JSON object (``engine.response``), plus
+   while decoding may have changed it), then becomes the endpoint's JSON object (``Answer.response``), with
    ``registry_sha256``: which version of a reloaded registry answered.
 
 Authentication happens before (``server.py``): the front end passes the ``Tenant`` its API key belongs to, or None
@@ -50,7 +50,7 @@ from tooltrie.registry import Registry, make_registry
 from tooltrie.retrieval import MINILM_REQUIREMENT, locate_minilm
 from tooltrie.serve.access import ToolView
 from tooltrie.serve.adapter import AdapterRecord
-from tooltrie.serve.engine import Engine, Request, response
+from tooltrie.serve.engine import Engine
 from tooltrie.serve.errors import (
     ClientGoneError,
     ForbiddenError,
@@ -63,15 +63,16 @@ from tooltrie.serve.errors import (
     UnavailableError,
     UnknownRegistryError,
 )
-from tooltrie.serve.limits import ServeLimits
+from tooltrie.serve.limits import ServeLimits, answer_budget
 from tooltrie.serve.metrics import ServeMetrics
 from tooltrie.serve.model import training_mismatch
 from tooltrie.serve.policy import Policy, PolicyError, Tenant
 from tooltrie.serve.prefilter import Prefilter, PrefilterError
 from tooltrie.serve.prompt import Prompt
+from tooltrie.serve.request import Answer, Request
 from tooltrie.serve.training import AdapterTrainer
 from tooltrie.serve.vllm_remote import RemoteEngine, VllmServer
-from tooltrie.serve.worker import Answered, Job, Outcome, Worker
+from tooltrie.serve.worker import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -84,32 +85,6 @@ PROBE_TOOLS = (
     {"name": "StatusProbe", "description": "Report the discovery service's status."},
 )
 PROBE_QUERY = "Is the discovery service healthy?"
-
-
-@dataclass(frozen=True)
-class DiscoveryRequest:
-    """What a caller asks, before it is checked: ``registry`` None means the default (the tenant's, with a policy);
-    ``allow``/``deny`` tool names or tags; ``prefilter`` the top N by retrieval (None: the registry's setting);
-    ``tenant`` whom the API key belongs to (None: the server runs without a policy)."""
-
-    query: str
-    k: int
-    registry: str | None = None
-    allow: tuple[str, ...] | None = None
-    deny: tuple[str, ...] = ()
-    prefilter: int | None = None
-    tenant: Tenant | None = None
-    ranker: str | None = None  # model, retrieval or fused; None: the server's setting
-    prior: str | None = None  # dense, lexical or hybrid; None: the server's setting
-
-
-@dataclass(frozen=True)
-class Admitted:
-    """A request that passed every check: where it goes and what the engine decodes (``request.allow``: the tools
-    it may be answered with; None: every tool)."""
-
-    served: ServedRegistry
-    request: Request
 
 
 def prompt_size(artifact: Artifact, tokenizer: TokenizerInfo, prompt: Prompt) -> int:
@@ -414,16 +389,17 @@ class DiscoveryService:
 
     # -- the request path -----------------------------------------------------------------------------------------
 
-    async def discover(self, ask: DiscoveryRequest, *, disconnected: Disconnected | None = None) -> dict[str, Any]:
-        """Answer ``ask`` with exactly k tools of its registry, or raise a ``ServeError`` saying why not."""
+    async def discover(self, request: Request, *, disconnected: Disconnected | None = None) -> dict[str, Any]:
+        """Answer ``request`` with exactly k tools of its registry, or raise a ``ServeError`` saying why not."""
         started = time.perf_counter()
-        default = ask.tenant.default_registry(self.default_registry) if ask.tenant is not None else (
-            self.default_registry)
-        label = ask.registry if ask.registry in self._served else (default if ask.registry is None else "-")
+        tenant = request.tenant
+        default = tenant.default_registry(self.default_registry) if tenant is not None else self.default_registry
+        label = request.registry if request.registry in self._served else (
+            default if request.registry is None else "-")
         try:
-            admitted = await self.admit(ask)
-            outcome = await self._decode(admitted.served.name, admitted.request, disconnected=disconnected)
-            self._check_answer(ask.tenant, admitted, outcome)
+            await self.admit(request)
+            answer = await self._decode(request, disconnected=disconnected)
+            self._check_answer(request, answer)
         except ServeError as exc:
             self.metrics.requests.labels(label, exc.code).inc()
             raise
@@ -432,12 +408,14 @@ class DiscoveryService:
             raise
         self.metrics.requests.labels(label, "ok").inc()
         self.metrics.latency.labels(label).observe(time.perf_counter() - started)
-        return response(outcome.answer, outcome.artifact)
+        return answer.response()
 
-    async def admit(self, ask: DiscoveryRequest) -> Admitted:
-        """Check ``ask`` against its registry, the caller's policy and the limits; the engine request to decode."""
-        served = self.served_for(ask.tenant, ask.registry)
-        query, k, limits = ask.query, ask.k, self.limits
+    async def admit(self, request: Request) -> ServedRegistry:
+        """The one door: check ``request`` against its registry, the caller's policy and the limits, and decide what
+        the engine decodes (``request.registry``, ``tools``, ``ranker``, ``prior_kind``, ``prior``). Everything that
+        can be refused is refused here, before the request reaches a batch."""
+        served = self.served_for(request.tenant, request.registry)
+        query, k, limits = request.query, request.k, self.limits
         if not query.strip():
             raise InvalidRequestError("query is empty; ask a question in words")
         if len(query) > limits.max_query_chars:
@@ -454,7 +432,7 @@ class DiscoveryService:
             raise InvalidRequestError(f"query has {query_tokens:,} tokens; the limit is {limits.max_query_tokens:,} "
                                       "(ServeLimits.max_query_tokens)")
         if self.context_tokens is not None:
-            answer_tokens = k * (served.artifact.trie.max_depth + 2) + 1
+            answer_tokens = answer_budget(served.artifact, k)
             if served.prompt_tokens + answer_tokens > self.context_tokens:  # no query fits: not the request's fault
                 raise UnavailableError(
                     f"registry {served.name!r} cannot be answered by this model: its prompt alone takes "
@@ -465,35 +443,40 @@ class DiscoveryService:
                 raise InvalidRequestError(f"query is too long for the model: prompt and answer would take {needed:,} "
                                           f"tokens of its {self.context_tokens:,}")
         registry = served.artifact.registry
-        allowed: frozenset[int] | None = None
-        if ask.tenant is not None or ask.allow is not None or ask.deny:
-            allowed = self._view(ask.tenant, registry).narrow(allow=ask.allow, deny=ask.deny)
-            if len(allowed) < k:
-                tools = f"{len(allowed)} tool{'s' if len(allowed) != 1 else ''}"
-                raise InvalidRequestError(f"k={k} but only {tools} of registry {served.name!r} may answer this "
+        narrowed = request.tenant is not None or request.allow is not None or bool(request.deny)
+        if self.remote is not None and (narrowed or request.prefilter is not None):
+            raise InvalidRequestError("this server answers through vLLM, whose processor takes whole registries: "
+                                      "allow, deny and prefilter are not available")
+        tools: frozenset[int] | None = None
+        if narrowed:
+            tools = self._view(request.tenant, registry).narrow(allow=request.allow, deny=request.deny)
+            if len(tools) < k:
+                allowed = f"{len(tools)} tool{'s' if len(tools) != 1 else ''}"
+                raise InvalidRequestError(f"k={k} but only {allowed} of registry {served.name!r} may answer this "
                                           "request (policy, allow and deny); an answer needs k distinct ones")
-        n = self.prefilter.size(served.name, ask.prefilter, k)
-        kind = check_prior(ask.prior or self.prior, where="prior")
-        ranker = check_ranker(ask.ranker or self.default_ranker(served, kind), where="ranker")
+        n = self.prefilter.size(served.name, request.prefilter, k)
+        kind = check_prior(request.prior_kind or self.prior, where="prior")
+        ranker = check_ranker(request.ranker or self.default_ranker(served, kind), where="ranker")
         unrankable = self._unrankable(ranker, kind)
         if unrankable is not None:  # the request asks what this server cannot make: it may ask for another prior
             raise InvalidRequestError(f"ranker {unrankable}")
         prior: Prior | None = None
         if n is not None or ranker != "model":  # blocking (an embedding): in a thread, never in the worker's step
-            within = allowed if allowed is not None else frozenset(range(served.n_tools))
-            allowed, prior = await asyncio.to_thread(self._retrieve, served, self._rankers.get(served.name), query,
-                                                     ranker, kind, n, within)
-        if allowed is not None and ask.tenant is None and len(allowed) == served.n_tools:
-            allowed = None  # open server, nothing narrowed: no subset for the engine to apply
-        names = None if allowed is None else tuple(registry.tools[i].name for i in sorted(allowed))
-        return Admitted(served, Request(query, k, allow=names, ranker=ranker, prior=prior))
+            tools, prior = await asyncio.to_thread(self._retrieve, served, self._rankers.get(served.name), query,
+                                                   ranker, kind, n, tools)
+        if tools is not None and request.tenant is None and len(tools) == served.n_tools:
+            tools = None  # open server, nothing narrowed: no subset for the engine to apply
+        request.registry, request.ranker, request.prior_kind = served.name, ranker, kind
+        request.tools, request.tools_of, request.prior = tools, registry, prior
+        return served
 
     def _retrieve(self, served: ServedRegistry, retriever: Ranker | None, query: str, ranker: str, kind: str,
-                  n: int | None, within: frozenset[int]) -> tuple[frozenset[int], Prior | None]:
-        """Retrieval's part of admission: (the ``n`` tools of ``within`` a pre-filter keeps, or ``within`` itself
-        without one; the request's prior of ``kind``, made by ``retriever``, the registry's ranker). A request ranked by
-        retrieval or fused makes its query's prior scores once: the pre-filter ranks by the scores its prior is made
-        of (the encoder, tool texts and lexical index the pre-filter's own retriever uses)."""
+                  n: int | None, within: frozenset[int] | None) -> tuple[frozenset[int] | None, Prior | None]:
+        """Retrieval's part of admission: (the ``n`` tools of ``within`` (None: every tool) a pre-filter keeps, or
+        ``within`` itself without one; the request's prior of ``kind``, made by ``retriever``, the registry's ranker).
+        A request ranked by retrieval or fused makes its query's prior scores once: the pre-filter ranks by the
+        scores its prior is made of (the encoder, tool texts and lexical index the pre-filter's own retriever
+        uses)."""
         prior_from = retriever if ranker != "model" else None
         scores = None
         if prior_from is not None and (n is not None or prior_from.weights(ranker).retrieval):
@@ -502,53 +485,58 @@ class DiscoveryService:
                                                            scores=scores)
         return kept, None if prior_from is None else prior_from.row(query, ranker, prior=kind, scores=scores)
 
-    def _check_answer(self, tenant: Tenant | None, admitted: Admitted, outcome: Answered) -> None:
+    def _check_answer(self, request: Request, answer: Answer) -> None:
         """The mask already kept the answer inside the allowed tools; this checks it again under the registry
         version that answered (a reload mid-request may have retagged a tool), and withholds it when it strays."""
-        names = {tool.name for tool in outcome.answer.tools}
-        allowed = admitted.request.allow
-        strays = names - set(allowed) if allowed is not None else set()
-        if tenant is not None:
-            strays |= names - set(self._view(tenant, outcome.artifact.registry).by_name)
+        names = {tool.name for tool in answer.tools}
+        strays: set[str] = set()
+        if request.tools is not None and request.tools_of is not None:
+            by_name = request.tools_of.by_name
+            strays = {name for name in names if by_name.get(name) not in request.tools}
+        if request.tenant is not None and answer.artifact is not None:
+            strays |= names - set(self._view(request.tenant, answer.artifact.registry).by_name)
         if strays:
             logger.error("an answer for tenant %r strayed outside its allowed tools (%d tools) on registry %r",
-                         tenant.name if tenant is not None else None, len(strays), admitted.served.name)
-            raise RegistryChangedError(f"registry {admitted.served.name!r} changed while this request was decoding "
+                         request.tenant.name if request.tenant is not None else None, len(strays), request.registry)
+            raise RegistryChangedError(f"registry {request.registry!r} changed while this request was decoding "
                                        "and the answer no longer fits what it may be answered with; retry")
 
-    async def _decode(self, registry: str, request: Request, *, counted: bool = True,
-                      disconnected: Disconnected | None = None) -> Answered:
+    async def _decode(self, request: Request, *, disconnected: Disconnected | None = None) -> Answer:
+        """Hand ``request`` (admitted: ``registry`` names its engine) to the worker and wait for its answer,
+        cancelling it when the server's timeout passes or the client disconnects (its slot is freed at the next
+        step)."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Outcome] = loop.create_future()
+        ended: asyncio.Future[Request] = loop.create_future()
 
-        def deliver(outcome: Outcome) -> None:  # on the worker thread
+        def deliver(done: Request) -> None:  # on the worker thread
             with contextlib.suppress(RuntimeError):  # a closed event loop: nobody is waiting any more
-                loop.call_soon_threadsafe(_settle, future, outcome)
+                loop.call_soon_threadsafe(_settle, ended, done)
 
-        job = Job(registry, request, deliver, counted=counted)
-        self.worker.submit(job)
-        waiters: set[asyncio.Future[Any]] = {future}
+        request.deliver = deliver
+        self.worker.submit(request)
+        waiters: set[asyncio.Future[Any]] = {ended}
         gone = asyncio.ensure_future(disconnected()) if disconnected is not None else None
         if gone is not None:
             waiters.add(gone)
         try:
             done, _ = await asyncio.wait(waiters, timeout=self.limits.timeout_s, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:  # the caller's task was cancelled (e.g. an MCP client left): free the slot
-            self.worker.cancel(job)
+            self.worker.cancel(request)
             raise
         finally:
             if gone is not None:
                 gone.cancel()
                 if gone.done() and not gone.cancelled():
                     gone.exception()  # a receive that failed also means the client is gone; retrieved, not logged
-        if future in done:
-            outcome = future.result()
-            if isinstance(outcome, DecodeError | RegistryError):  # the registry was reloaded meanwhile: k or the
-                raise InvalidRequestError(str(outcome))             # allowed tools no longer fit it
-            if isinstance(outcome, BaseException):
-                raise outcome
-            return outcome
-        self.worker.cancel(job)
+        if ended in done:
+            error = request.error
+            if isinstance(error, DecodeError | RegistryError):  # the registry was reloaded meanwhile: k or the
+                raise InvalidRequestError(str(error))             # allowed tools no longer fit it
+            if error is not None:
+                raise error
+            assert request.answer is not None  # delivered: answered or failed
+            return request.answer
+        self.worker.cancel(request)
         if gone is not None and gone in done:
             raise ClientGoneError("the client disconnected; the request was cancelled")
         raise RequestTimeoutError(f"no answer within the server's timeout of {self.limits.timeout_s:g} s; the request "
@@ -567,8 +555,7 @@ class DiscoveryService:
 
     async def _probe_once(self) -> dict[str, Any]:
         started = time.perf_counter()
-        outcome = await self._decode(PROBE_REGISTRY, Request(PROBE_QUERY, 1), counted=False)
-        answer = outcome.answer
+        answer = await self._decode(Request(PROBE_QUERY, 1, registry=PROBE_REGISTRY, counted=False))
         names = [tool.name for tool in answer.tools]
         if answer.finish_reason != "stop" or len(names) != 1 or names[0] not in self._probe.artifact.registry.names:
             raise UnavailableError(f"the probe decode answered {names} (finish_reason {answer.finish_reason!r}); "
@@ -657,7 +644,7 @@ class DiscoveryService:
                                       f"{exc}") from exc
 
 
-def _settle(future: asyncio.Future[Outcome], outcome: Outcome) -> None:
+def _settle(future: asyncio.Future[Request], request: Request) -> None:
     if not future.done():  # a request that timed out or lost its client has no one waiting
-        future.set_result(outcome)
+        future.set_result(request)
 

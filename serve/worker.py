@@ -1,16 +1,17 @@
 """The worker: the one thread that owns and drives every engine (an ``Engine`` is not thread-safe).
 
-Requests reach it through a thread-safe inbox as ``Job``s. Each turn of its loop it
+Requests reach it through a thread-safe inbox, each an admitted ``Request`` naming its registry and carrying its
+``deliver`` callback. Each turn of its loop it
 
-1. takes the new messages (jobs, cancellations, engine swaps), blocking only when no engine has work;
-2. moves waiting jobs into free decoding slots, first come first served, per registry (continuous batching:
+1. takes the new messages (requests, cancellations, engine swaps), blocking only when no engine has work;
+2. moves waiting requests into free decoding slots, first come first served, per registry (continuous batching:
    a request joins the running batch between forward passes);
-3. steps every busy engine once (one forward pass each) and hands each finished answer to its job's ``deliver``,
-   which must be thread-safe (the service passes ``loop.call_soon_threadsafe``).
+3. steps every busy engine once (one forward pass each) and hands each finished request to its ``deliver``, which
+   must be thread-safe (the service passes ``loop.call_soon_threadsafe``).
 
-The queue limit counts jobs accepted but not yet in a slot; ``submit`` refuses one more with ``QueueFullError``.
+The queue limit counts requests accepted but not yet in a slot; ``submit`` refuses one more with ``QueueFullError``.
 
-A registry reload ``install``\\s a new engine under the same name: jobs not yet decoding go to the new engine, rows
+A registry reload ``install``\\s a new engine under the same name: requests not yet decoding go to the new engine, rows
 already decoding finish on the old one (on the artifact they started with), which is stepped until it is empty and
 then dropped.
 
@@ -24,54 +25,30 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tooltrie.compiler.artifact import Artifact
-from tooltrie.serve.engine import Answer, Engine, Request
+from tooltrie.serve.engine import Engine
 from tooltrie.serve.errors import DecodingFailedError, QueueFullError, UnavailableError, UnknownRegistryError
 from tooltrie.serve.metrics import ServeMetrics
+from tooltrie.serve.request import Request, RequestStatus
 from tooltrie.serve.vllm_remote import RemoteEngine
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Answered:
-    """A finished request: the engine's answer and the artifact it was decoded under."""
-
-    answer: Answer
-    artifact: Artifact
-
-
-Outcome = Answered | BaseException
-
-
-@dataclass(eq=False)  # compared by identity: a job is one request, however alike two of them look
-class Job:
-    """One request on its way through the worker. ``deliver`` is called exactly once, on the worker thread, unless
-    the job is cancelled first."""
-
-    registry: str
-    request: Request
-    deliver: Callable[[Outcome], None]
-    counted: bool = True  # counts against the queue limit (the health probe does not)
-    lane: _Lane | None = field(default=None, repr=False)  # set by the worker once the job is decoding
-    ticket: int | None = None
-
-
 @dataclass(eq=False)
 class _Lane:
-    """An engine and the jobs it is decoding, by ticket."""
+    """An engine and the requests it is decoding."""
 
     name: str
     engine: Engine | RemoteEngine
-    jobs: dict[int, Job] = field(default_factory=dict)
+    requests: set[Request] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
 class _Cancel:
-    job: Job
+    request: Request
 
 
 @dataclass(frozen=True)
@@ -84,7 +61,7 @@ class _Stop:
     pass
 
 
-_Message = Job | _Cancel | _Install | _Stop
+_Message = Request | _Cancel | _Install | _Stop
 
 
 class Worker:
@@ -96,12 +73,13 @@ class Worker:
         self._metrics = metrics
         self._inbox: queue.SimpleQueue[_Message] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._queued = 0  # jobs accepted and not yet in a slot; under _lock
+        self._queued = 0  # requests accepted and not yet in a slot; under _lock
         self._closed = False  # under _lock
         # The rest belongs to the worker thread once it runs.
         self._lanes = {name: _Lane(name, engine) for name, engine in engines.items()}
-        self._waiting: dict[str, deque[Job]] = {name: deque() for name in engines}
+        self._waiting: dict[str, deque[Request]] = {name: deque() for name in engines}
         self._draining: list[_Lane] = []  # replaced engines finishing their rows
+        self._decoding: dict[Request, _Lane] = {}  # each request in a slot -> the lane decoding it
         self._thread = threading.Thread(target=self._run, name="tooltrie-worker", daemon=True)
 
     # -- any thread ---------------------------------------------------------------------------------------------
@@ -110,29 +88,31 @@ class Worker:
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop after the current step; jobs not answered by then get ``UnavailableError``."""
+        """Stop after the current step; requests not answered by then get ``UnavailableError``."""
         with self._lock:
             self._closed = True
         self._inbox.put(_Stop())
         if self._thread.is_alive():
             self._thread.join(timeout_s)
 
-    def submit(self, job: Job) -> None:
-        """Accept a job, or raise ``QueueFullError`` (queue full) or ``UnavailableError`` (stopping)."""
+    def submit(self, request: Request) -> None:
+        """Accept a request for its ``registry``, or raise ``QueueFullError`` (queue full) or ``UnavailableError``
+        (stopping). Its ``deliver`` is called exactly once, on the worker thread, unless it is cancelled first."""
         with self._lock:
             if self._closed:
                 raise UnavailableError("the server is stopping")
-            if job.counted:
+            if request.counted:
                 if self._queued >= self.queue_limit:
                     raise QueueFullError(f"the queue is full ({self.queue_limit} requests waiting for a decoding "
                                          "slot); retry later")
                 self._queued += 1
-            self._inbox.put(job)  # under the lock: once stopping, nothing more reaches the inbox
+            request.status = RequestStatus.WAITING
+            self._inbox.put(request)  # under the lock: once stopping, nothing more reaches the inbox
 
-    def cancel(self, job: Job) -> None:
-        """Drop a job: out of the queue, or out of its slot at the next step. Nothing is delivered for it then
-        (a job already answered is left as it is)."""
-        self._inbox.put(_Cancel(job))
+    def cancel(self, request: Request) -> None:
+        """Drop a request: out of the queue, or out of its slot at the next step. Nothing is delivered for it then
+        (one already answered is left as it is)."""
+        self._inbox.put(_Cancel(request))
 
     def install(self, name: str, engine: Engine | RemoteEngine) -> None:
         """Serve ``name`` with ``engine`` from now on; the old engine finishes the rows it is decoding."""
@@ -181,14 +161,14 @@ class Worker:
 
     def _handle(self, message: _Message) -> bool:
         """Apply one message; False for stop."""
-        if isinstance(message, Job):
+        if isinstance(message, Request):
             if message.registry in self._waiting:
                 self._waiting[message.registry].append(message)
             else:  # the service checks names before it submits; another caller may not
                 self._uncount(message)
                 self._deliver(message, UnknownRegistryError(f"unknown registry {message.registry!r}"))
         elif isinstance(message, _Cancel):
-            self._cancel(message.job)
+            self._cancel(message.request)
         elif isinstance(message, _Install):
             old = self._lanes.get(message.name)
             if old is not None and old.engine.busy:
@@ -199,64 +179,74 @@ class Worker:
             return False
         return True
 
-    def _cancel(self, job: Job) -> None:
-        waiting = self._waiting.get(job.registry)
-        if waiting is not None and job in waiting:
-            waiting.remove(job)
-            self._uncount(job)
+    def _cancel(self, request: Request) -> None:
+        waiting = self._waiting.get(request.registry or "")
+        if waiting is not None and request in waiting:
+            waiting.remove(request)
+            request.status = RequestStatus.CANCELLED
+            self._uncount(request)
             self._count_cancel("waiting")
-        elif job.lane is not None and job.ticket is not None and job.lane.jobs.pop(job.ticket, None) is job:
-            job.lane.engine.cancel(job.ticket)
+        elif request in self._decoding:
+            lane = self._decoding.pop(request)
+            lane.requests.discard(request)
+            lane.engine.cancel(request)
             self._count_cancel("decoding")
 
     def _feed(self) -> None:
-        """Move waiting jobs into free slots; the engine admits them at its next step."""
+        """Move waiting requests into free slots; the engine admits them at its next step."""
         for name, waiting in self._waiting.items():
             lane = self._lanes[name]
             active, pending = lane.engine.load
             free = lane.engine.max_batch - active - pending
             while waiting and free > 0:
-                job = waiting.popleft()
-                self._uncount(job)
+                request = waiting.popleft()
+                self._uncount(request)
                 try:
-                    ticket = lane.engine.submit(job.request)
+                    lane.engine.submit(request)
                 except Exception as exc:  # DecodeError: k no longer fits a reloaded registry
-                    self._deliver(job, exc)
+                    self._deliver(request, exc)
                     continue
-                job.lane, job.ticket = lane, ticket
-                lane.jobs[ticket] = job
+                lane.requests.add(request)
+                self._decoding[request] = lane
                 free -= 1
 
     def _step(self, lane: _Lane) -> None:
         engine = lane.engine
         rows = min(engine.max_batch, sum(engine.load))
         try:
-            answers = engine.step()
+            finished = engine.step()
         except Exception as exc:  # a bug in decoding: fail this engine's rows, keep serving with a fresh engine
             logger.exception("decoding failed on registry %r", lane.name)
             failure = f"decoding failed ({type(exc).__name__}: {exc}); the request was dropped"
-            for failed in lane.jobs.values():  # an exception each: each is raised in its own caller's task
+            for failed in lane.requests:  # an exception each: each is raised in its own caller's task
+                self._decoding.pop(failed, None)
                 self._deliver(failed, DecodingFailedError(failure))
-            lane.jobs.clear()
+            lane.requests.clear()
             lane.engine = engine.fresh()
             return
         if self._metrics is not None:
             self._metrics.batch_rows.labels(lane.name).observe(rows)
             if isinstance(engine, Engine) and engine.last_prefill:  # a remote engine reads prompts elsewhere
                 self._metrics.prefill_tokens.labels(lane.name).observe(engine.last_prefill)
-        for ticket, answer in answers.items():
-            job = lane.jobs.pop(ticket, None)
-            if job is not None:  # a remote engine's request may end in an error of its own (e.g. vLLM unreachable)
-                self._deliver(job, answer if isinstance(answer, BaseException) else Answered(answer, engine.artifact))
+        for request in finished:  # answered, or (a remote engine's) failed with an error of its own
+            if request in lane.requests:
+                lane.requests.discard(request)
+                self._decoding.pop(request, None)
+                self._deliver(request)
 
-    def _deliver(self, job: Job, outcome: Outcome) -> None:
+    def _deliver(self, request: Request, error: BaseException | None = None) -> None:
+        """Hand ``request`` back, failed with ``error`` when given."""
+        if error is not None:
+            request.fail(error)
+        if request.deliver is None:
+            return
         try:
-            job.deliver(outcome)
+            request.deliver(request)
         except Exception:  # the caller's callback must not take the worker down with it
             logger.exception("delivering an answer failed")
 
-    def _uncount(self, job: Job) -> None:
-        if job.counted:
+    def _uncount(self, request: Request) -> None:
+        if request.counted:
             with self._lock:
                 self._queued -= 1
 
@@ -271,21 +261,22 @@ class Worker:
                                                                                *self._draining]))
 
     def _fail_all(self, reason: str) -> None:
-        """Answer every job still held (stopping), including those still in the inbox."""
+        """Answer every request still held (stopping), including those still in the inbox."""
         for waiting in self._waiting.values():
             while waiting:
-                job = waiting.popleft()
-                self._uncount(job)
-                self._deliver(job, UnavailableError(reason))
+                request = waiting.popleft()
+                self._uncount(request)
+                self._deliver(request, UnavailableError(reason))
         for lane in [*self._lanes.values(), *self._draining]:
-            for job in lane.jobs.values():
-                self._deliver(job, UnavailableError(reason))
-            lane.jobs.clear()
+            for request in lane.requests:
+                self._deliver(request, UnavailableError(reason))
+            lane.requests.clear()
+        self._decoding.clear()
         while True:
             try:
                 message = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(message, Job):
+            if isinstance(message, Request):
                 self._uncount(message)
                 self._deliver(message, UnavailableError(reason))

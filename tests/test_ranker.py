@@ -18,9 +18,9 @@ from support.serve_http import Gate
 from tooltrie.compiler import Artifact, TokenizerInfo
 from tooltrie.ranker import Ranker, RankerError, Weights, embeddings_path
 from tooltrie.registry import make_registry
-from tooltrie.serve.engine import Engine, Request, response
+from tooltrie.serve.engine import Answer, Engine, Request
 from tooltrie.serve.errors import DecodingFailedError
-from tooltrie.serve.worker import Answered, Job, Worker
+from tooltrie.serve.worker import Worker
 
 QUERIES = ["find the weather in Paris", "book me a table", "search the web for news", "x"]
 
@@ -43,7 +43,7 @@ def test_the_retrieval_ranker_answers_the_priors_top_k_in_order(engine: Engine) 
         for query, answer in zip(QUERIES, answers, strict=True):
             order = np.argsort(-engine.ranker.prior_scores([query])[0], kind="stable")[:k]
             assert [t.name for t in answer.tools] == [engine.artifact.registry.names[i] for i in order], (query, k)
-            assert response(answer, engine.artifact)["ranker"] == {"model": 0.0, "retrieval": 1.0}
+            assert answer.response()["ranker"] == {"model": 0.0, "retrieval": 1.0}
 
 
 def test_fused_with_no_retrieval_weight_is_the_models_answer(engine: Engine) -> None:
@@ -100,7 +100,9 @@ def test_a_failed_step_leaves_the_worker_ranking(smollm: TokenizerInfo, artifact
     def answer(request: Request) -> object:
         outcome: list[object] = []
         done = threading.Event()
-        worker.submit(Job("r", request, lambda result: (outcome.append(result), done.set())))
+        request.registry = "r"
+        request.deliver = lambda done_request: (outcome.append(done_request.error or done_request.answer), done.set())
+        worker.submit(request)
         assert done.wait(60), "no answer"
         return outcome[0]
 
@@ -108,7 +110,7 @@ def test_a_failed_step_leaves_the_worker_ranking(smollm: TokenizerInfo, artifact
         gate.fail_next = True
         assert isinstance(answer(Request(QUERIES[0], 2, ranker="retrieval")), DecodingFailedError)
         after = answer(Request(QUERIES[0], 2, ranker="retrieval"))
-        assert isinstance(after, Answered), after
-        assert [tool.name for tool in after.answer.tools] == [tool.name for tool in expected.tools]
+        assert isinstance(after, Answer), after
+        assert [tool.name for tool in after.tools] == [tool.name for tool in expected.tools]
     finally:
         worker.stop()

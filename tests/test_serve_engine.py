@@ -35,7 +35,7 @@ from torch.overrides import TorchFunctionMode
 from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
 from tooltrie.errors import ArtifactMismatchError, DecodeError
 from tooltrie.registry import make_registry
-from tooltrie.serve.engine import Answer, Engine, Request, response
+from tooltrie.serve.engine import Answer, Engine, Request
 
 QUERIES = {
     "catalog": (
@@ -455,17 +455,19 @@ def test_newcomers_join_the_running_batch_in_its_one_pass_per_step(model: Any, s
                                                                    catalog_artifact: Artifact) -> None:
     engine = Engine(model, smollm, catalog_artifact, max_batch=4)
     queries = QUERIES["catalog"]
-    tickets = [engine.submit(Request(queries[0], 3))]
-    answers: dict[int, Answer] = {}
+    submitted = [engine.submit(Request(queries[0], 3))]
+    finished: list[Request] = []
     passes = []
     with _count_calls(_final_norm(engine)) as calls:
         while engine.busy:
             before = calls[0]
-            if len(tickets) < 6:  # one more arrives at every step while others are mid-answer
-                tickets.append(engine.submit(Request(queries[len(tickets) % len(queries)], 1 + len(tickets) % 3)))
-            answers.update(engine.step())
+            if len(submitted) < 6:  # one more arrives at every step while others are mid-answer
+                submitted.append(engine.submit(Request(queries[len(submitted) % len(queries)],
+                                                       1 + len(submitted) % 3)))
+            finished += engine.step()
             passes.append(calls[0] - before)
-    assert set(answers) == set(tickets)
+    assert set(finished) == set(submitted) and len(finished) == len(submitted)
+    assert all(request.answer is not None and request.answer.finish_reason == "stop" for request in finished)
     assert max(passes) == 1  # newcomers' prompts and the others' next tokens share the step's pass
     assert calls[0] == len(passes) - passes.count(0)
 
@@ -548,7 +550,7 @@ def test_response_json(setups: dict[str, Setup]) -> None:
     setup = setups["catalog"]
     query = QUERIES["catalog"][2]
     answer = setup.answer(query, 3)
-    body = response(answer, setup.artifact)
+    body = answer.response()
     assert json.loads(json.dumps(body, allow_nan=False)) == body
     assert set(body) == {"tools", "finish_reason", "registry", "registry_sha256", "usage", "ranker", "latency_ms"}
     assert body["registry_sha256"] == setup.artifact.registry.sha256

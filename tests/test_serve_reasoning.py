@@ -101,14 +101,17 @@ def test_thinking_and_plain_rows_take_one_full_head_product_a_step(thinking_toke
                 max_new_tokens=7), Request("anything", 1, constrained=False, max_new_tokens=6), Request("a b", 3)]
     alone = [_engine(thinking_tokenizer).run([request])[0] for request in requests]
     counter = FullHeadProducts(engine.head.shape[0])
-    tickets = [engine.submit(request) for request in requests]
-    answers, steps = {}, 0
+    for request in requests:
+        engine.submit(request)
+    finished, steps = [], 0
     with counter:
         while engine.busy:
-            answers.update(engine.step())
+            finished += engine.step()
             steps += 1
-    for request, ticket, single in zip(requests, tickets, alone, strict=True):
-        got = answers[ticket]
+    assert sorted(map(id, finished)) == sorted(map(id, requests))
+    for request, single in zip(requests, alone, strict=True):
+        got = request.answer
+        assert got is not None
         assert (got.token_ids, got.finish_reason, [t.name for t in got.tools]) == (
             single.token_ids, single.finish_reason, [t.name for t in single.tools]), request
     assert 0 < counter.count <= steps, (counter.count, steps)

@@ -25,7 +25,7 @@ from tooltrie.compiler import compile_registry
 from tooltrie.ranker import MODEL_ONLY, NO_ADAPTER, UNTRAINED, Weights
 from tooltrie.ranker_policy import auto_ranker, fused_weights
 from tooltrie.serve.adapter import read_adapter
-from tooltrie.serve.engine import Engine, response
+from tooltrie.serve.engine import Engine
 from tooltrie.serve.model import load_model
 from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.service import DiscoveryService, ServedRegistry
@@ -194,9 +194,9 @@ def test_a_server_trains_an_adapter_and_swaps_it_in_under_load(tmp_path: Path, b
     for done, query, k, body in answered:
         check_answer(body, artifact.registry, k)
         if done:
-            assert _ranked(body) == pytest.approx(_ranked(response(tuned.answer(query, k), artifact)), abs=1e-3)
-    assert any(_ranked(response(tuned.answer(query, 3), artifact)) != pytest.approx(
-        _ranked(response(untuned.answer(query, 3), artifact)), abs=1e-2) for query in QUERIES)  # it was trained
+            assert _ranked(body) == pytest.approx(_ranked(tuned.answer(query, k).response()), abs=1e-3)
+    assert any(_ranked(tuned.answer(query, 3).response()) != pytest.approx(
+        _ranked(untuned.answer(query, 3).response()), abs=1e-2) for query in QUERIES)  # it was trained
 
     # A restart finds the adapter in the cache: nothing to train, the registry answered with it from the start.
     write_registry(path, "tools", catalog_tools(0, 12))

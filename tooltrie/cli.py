@@ -181,7 +181,7 @@ def _ask(args: argparse.Namespace) -> int:
     from tooltrie.ranker_policy import auto_ranker, fused_weights
     from tooltrie.registry import CATALOG_PATH
     from tooltrie.retrieval import locate_minilm
-    from tooltrie.serve.engine import Engine, Request, response
+    from tooltrie.serve.engine import Engine, Request
     from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
@@ -201,7 +201,7 @@ def _ask(args: argparse.Namespace) -> int:
     ranker = None if ranked == "model" else ranker_for(artifact, source, weights, prior=args.prior)
     engine = Engine(model, tokenizer, artifact, prompt=Prompt.style(info.prompt_style), ranker=ranker)
     answer = engine.run([Request(args.query, args.k, ranker=ranked)])[0]
-    body = response(answer, artifact)
+    body = answer.response()
     if args.json:
         print(json.dumps(body, ensure_ascii=False))
     else:
