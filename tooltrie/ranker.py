@@ -16,10 +16,14 @@ so that one weight means the same whatever the query and the registry):
   (``calculateNetIncome``), which a small sentence embedding often misses and BM25 finds; prose-like names go the
   other way; the sum was never worse than the better of the two (docs/benchmarks.md#the-retrieval-prior).
 
->>> ranker = Ranker(load_registry(CATALOG_PATH), fused=Weights(model=1.0, retrieval=20.0))  # doctest: +SKIP
->>> prior = ranker.row("What will the weather be in Paris?", "fused")  # doctest: +SKIP
->>> prior.scores.shape, prior.model_weight, prior.weights  # doctest: +SKIP
-((47,), 1.0, Weights(model=1.0, retrieval=200.0))
+>>> import numpy as np
+>>> from tooltrie.registry import CATALOG_PATH, load_registry
+>>> ranker = Ranker(load_registry(CATALOG_PATH), fused=Weights(model=1.0, retrieval=20.0), prior="lexical")
+>>> prior = ranker.row("What will the weather be in Paris?", "fused")
+>>> prior.scores.shape, prior.model_weight, prior.weights
+((47,), 1.0, Weights(model=1.0, retrieval=20.0))
+>>> ranker.registry.names[int(np.argmax(prior.scores))]
+'WeatherTool'
 
 A request's prior is computed once, when it is admitted (the service does it off the event loop and off the engine's
 step; ``Engine.submit`` for a request that comes without one), never inside a decoding step, where an embedding would
