@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tooltrie.compiler.artifact import Artifact
 
 
 @dataclass(frozen=True)
@@ -50,3 +54,11 @@ class ServeLimits:
                 raise ValueError(f"ServeLimits.{name} must be at least 1, got {getattr(self, name)}")
         if not self.timeout_s > 0:
             raise ValueError(f"ServeLimits.timeout_s must be positive, got {self.timeout_s}")
+
+
+def answer_budget(artifact: Artifact, k: int) -> int:
+    """The tokens an answer of ``k`` tools may take, its stop token included: what admission keeps free of the
+    model's context beside the prompt, and what a vLLM server may generate for it (``max_tokens``). A tool takes at
+    most the trie's deepest path (``max_depth``, the separator's tokens included); two tokens a tool more are spare.
+    """
+    return k * (artifact.trie.max_depth + 2) + 1
