@@ -41,19 +41,33 @@ from tooltrie.kernels.state import check_k
 from tooltrie.ranker import MODEL_ONLY, Ranker
 from tooltrie.serve.engine import Answer, Request, ToolChoice
 from tooltrie.serve.errors import BadGatewayError, UpstreamTimeoutError
+from tooltrie.serve.limits import answer_budget
 from tooltrie.serve.prompt import Prompt
 
 # How long ``step`` waits for a call to finish before it returns to the worker's loop (which then takes new jobs and
 # cancellations): short, since the worker does nothing else meanwhile.
 STEP_WAIT_S = 0.01
+# What a call leaves of the service's timeout (a quarter of a timeout under 2 s): time to replay the answer and hand it
+# back through the worker's step before the service gives up on the request. So a vLLM that does not answer in time
+# is reported as such (504, upstream_timeout), and the pool thread the call held is free again by then.
+UPSTREAM_MARGIN_S = 0.5
+
+
+def upstream_timeout_s(timeout_s: float) -> float:
+    """How long a call may wait for vLLM within the service's ``timeout_s``: its deadline, less the margin.
+
+    >>> upstream_timeout_s(30.0), upstream_timeout_s(1.0)
+    (29.5, 0.75)
+    """
+    return timeout_s - min(UPSTREAM_MARGIN_S, timeout_s / 4)
 
 
 @dataclass
 class VllmServer:
     """Where the vLLM server is and how it is called. ``url``: its base (``http://host:port``, with or without
     ``/v1``); ``artifact_dir``: where the artifacts are written for it to read (a directory both machines see under
-    the same path); ``model``: the name it serves (None: the one its ``/v1/models`` lists); ``timeout_s``: per
-    call; ``concurrency``: calls in flight at once."""
+    the same path); ``model``: the name it serves (None: the one its ``/v1/models`` lists); ``timeout_s``: the
+    service's timeout, which a call ends before (``upstream_timeout_s``); ``concurrency``: calls in flight at once."""
 
     url: str
     artifact_dir: Path
@@ -73,7 +87,7 @@ class VllmServer:
     def client(self) -> httpx.Client:
         with self._lock:
             if self._client is None:
-                self._client = httpx.Client(timeout=self.timeout_s, limits=httpx.Limits(
+                self._client = httpx.Client(timeout=upstream_timeout_s(self.timeout_s), limits=httpx.Limits(
                     max_connections=self.concurrency, max_keepalive_connections=self.concurrency))
             return self._client
 
@@ -100,26 +114,34 @@ class VllmServer:
             artifact.save(path)
         return path
 
-    def model_name(self) -> str:
+    def model_name(self, *, deadline: float | None = None) -> str:
         if self.model is None:
-            listed = [entry.get("id") for entry in self._call("GET", "/models").get("data", [])]
+            listed = [entry.get("id") for entry in self._call("GET", "/models", deadline=deadline).get("data", [])]
             if len(listed) != 1 or not isinstance(listed[0], str):
                 raise BadGatewayError(f"the vLLM server at {self.base} serves models {listed}; name the one to use "
                                       "(--vllm-model)")
             self.model = listed[0]
         return self.model
 
-    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
-        """One call of the completions route with the model's name filled in."""
-        return self._call("POST", "/completions", {"model": self.model_name(), **body})
+    def complete(self, body: dict[str, Any], *, deadline: float | None = None) -> dict[str, Any]:
+        """One call of the completions route with the model's name filled in, over by ``deadline``
+        (``time.monotonic()``; None: ``upstream_timeout_s`` from now)."""
+        return self._call("POST", "/completions", {"model": self.model_name(deadline=deadline), **body},
+                          deadline=deadline)
 
-    def _call(self, method: str, route: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _call(self, method: str, route: str, body: dict[str, Any] | None = None, *,
+              deadline: float | None = None) -> dict[str, Any]:
         url = self.base + route
+        # httpx bounds each wait (connect, send, each read) by it: a vLLM that sends nothing is left at the deadline.
+        left = upstream_timeout_s(self.timeout_s) if deadline is None else deadline - time.monotonic()
+        late = UpstreamTimeoutError(f"the vLLM server at {self.base} did not answer within the server's timeout of "
+                                    f"{self.timeout_s:g} s")
+        if left <= 0:
+            raise late
         try:
-            reply = self.client.request(method, url, json=body)
+            reply = self.client.request(method, url, json=body, timeout=left)
         except httpx.TimeoutException:
-            raise UpstreamTimeoutError(f"the vLLM server at {self.base} did not answer within {self.timeout_s:g} s"
-                                       ) from None
+            raise late from None
         except httpx.HTTPError as exc:
             raise BadGatewayError(f"the vLLM server at {self.base} cannot be reached ({type(exc).__name__}: "
                                   f"{exc})") from None
@@ -204,12 +226,16 @@ class RemoteEngine:
 
     def _answer(self, request: Request) -> Answer:
         started = time.perf_counter()
+        # The call starts as the worker hands the request over (it hands over at most ``max_batch`` at once, below
+        # the pool's ``concurrency``): it must be over before the service's timeout, counted from about now.
+        deadline = time.monotonic() + upstream_timeout_s(self.server.timeout_s)
         artifact, k = self.artifact, request.k
         prompt_ids = self.prompt.ids(self.tokenizer, artifact.registry, artifact.contract, request.query, k)
         reply = self.server.complete({
-            "prompt": prompt_ids, "max_tokens": k * (artifact.trie.max_depth + 1) + 1, "temperature": 0.0,
+            "prompt": prompt_ids, "max_tokens": answer_budget(artifact, k), "temperature": 0.0,
             "logprobs": 1, "stop_token_ids": [artifact.eos_id], "skip_special_tokens": False,
-            "return_token_ids": True, "vllm_xargs": request_args(self.artifact_path, k, flat=True)})
+            "return_token_ids": True, "vllm_xargs": request_args(self.artifact_path, k, flat=True)},
+            deadline=deadline)
         try:
             choice = reply["choices"][0]
             tokens = [int(token) for token in choice["token_ids"]]
@@ -219,10 +245,17 @@ class RemoteEngine:
             raise BadGatewayError(f"the vLLM server at {self.server.base} answered without the answer's tokens and "
                                   f"logprobs ({type(exc).__name__}: {exc}); tooltrie needs vLLM 0.32 or later"
                                   ) from None
+        if len(logprobs) != len(tokens):
+            raise BadGatewayError(f"the vLLM server at {self.server.base} answered {len(tokens)} tokens with "
+                                  f"{len(logprobs)} logprobs; its reply must give one logprob per token")
         if finish_reason == "stop" and (not tokens or tokens[-1] != artifact.eos_id):
             tokens.append(artifact.eos_id)  # a stop token vLLM left out of the list
             logprobs.append(0.0)
-        tools, decisions = replay(artifact, k, tokens, logprobs, width=self.tokenizer.vocab_size)
+        try:
+            tools, decisions = replay(artifact, k, tokens, logprobs, width=self.tokenizer.vocab_size)
+        except DecodeError as exc:  # the request was checked at submit: what fails now is vLLM's reply
+            raise BadGatewayError(f"the vLLM server at {self.server.base} answered tokens that cannot be replayed "
+                                  f"through the trie ({exc})") from None
         if tools is None:
             text = self.tokenizer.decode([t for t in tokens if t != artifact.eos_id])
             raise BadGatewayError(f"the vLLM server at {self.server.base} answered {text[:120]!r}, which is not "
