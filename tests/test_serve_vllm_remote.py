@@ -5,8 +5,11 @@ and the answer so far, masked by ``TrieMatcher``, greedy) that answers as vLLM s
 
 - the same answers as the in-process engine, as the same JSON: tools, pointers, scores (summed from the returned
   logprobs) and token counts, at k = 1, 2, 3; the request carries the prompt's ids and the flat request arguments;
-- vLLM down: 502 naming it, and the endpoint lives on (answers once vLLM is up); vLLM slow: 504; vLLM refusing the
-  request, or answering prose (no processor): 502 saying why;
+- vLLM down: 502 naming it, and the endpoint lives on (answers once vLLM is up); vLLM slow: 504 upstream_timeout,
+  given before the service's own timeout, its pool thread free again; vLLM refusing the request, answering prose (no
+  processor), fewer logprobs than tokens, or tokens the trie cannot replay: 502 saying why;
+- the answer's token budget is one definition (``limits.answer_budget``), which the deepest answer fits, on both
+  paths: what vLLM may generate, and what the in-process service keeps free of the model's context;
 - what vLLM's processor cannot do (allow/deny) is a 422; the options it cannot serve are refused at start.
 
 The same against a real ``vllm serve``: ``test_vllm_serve_remote.py`` (``make test-vllm``).
@@ -24,18 +27,22 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from support.serve_http import check_answer, running_server, same_answer, smollm_tokenizer, tiny_service
 
 from tooltrie.compiler import Artifact
-from tooltrie.errors import TooltrieError
+from tooltrie.compiler.trie import phase_of
+from tooltrie.errors import DecodeError, TooltrieError
 from tooltrie.kernels import TrieMatcher
+from tooltrie.kernels.batch import TrieBatch
 from tooltrie.registry import CATALOG_PATH, load_registry
-from tooltrie.serve.limits import ServeLimits
+from tooltrie.serve import vllm_remote
+from tooltrie.serve.limits import ServeLimits, answer_budget
 from tooltrie.serve.server import serve
 from tooltrie.serve.service import DiscoveryService
-from tooltrie.serve.vllm_remote import VllmServer
+from tooltrie.serve.vllm_remote import VllmServer, replay
 from tooltrie.testing import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("loopback_only")
@@ -47,7 +54,7 @@ TIMEOUT = 120.0
 class StandIn:
     """vLLM's ``/v1/models`` and ``/v1/completions`` on a loopback port, answering as ``mode`` says: ``reference``
     (the tiny Llama under the trie), ``prose`` (a server without the processor), ``refuse`` (a 400), ``hang``
-    (until ``release`` is set)."""
+    (until ``release`` is set), ``short`` (as ``reference``, with the first token's logprob only)."""
 
     def __init__(self, port: int = 0) -> None:
         self.model = tiny_llama()
@@ -113,6 +120,8 @@ class StandIn:
                 if token in body["stop_token_ids"]:
                     break
         finish = "stop" if tokens[-1] in body["stop_token_ids"] else "length"
+        if self.mode == "short":
+            logprobs = logprobs[:1]
         return {"choices": [{"index": 0, "text": "", "token_ids": tokens, "finish_reason": finish,
                              "logprobs": {"token_logprobs": logprobs}}]}
 
@@ -132,11 +141,27 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def remote_service(url: str, tmp_path: Path, *, limits: ServeLimits | None = None) -> DiscoveryService:
+def remote_service(url: str, tmp_path: Path, *, limits: ServeLimits | None = None,
+                   concurrency: int = 64) -> DiscoveryService:
     limits = limits or ServeLimits(timeout_s=TIMEOUT)  # the first answer compiles the CPU kernels
     return DiscoveryService.from_paths([CATALOG_PATH], None, smollm_tokenizer(), limits=limits,
                                        cache_dir=tmp_path / "cache",
-                                       remote=VllmServer(url, tmp_path / "artifacts", timeout_s=limits.timeout_s))
+                                       remote=VllmServer(url, tmp_path / "artifacts", timeout_s=limits.timeout_s,
+                                                         concurrency=concurrency))
+
+
+def warm_replay(artifact: Artifact) -> None:
+    """Compile the CPU kernels a replay runs (once per process), outside any timeout: an answer of the lowest
+    legal tokens, replayed."""
+    batch = TrieBatch(artifact, capacity=1)
+    batch.add(0, 1)
+    tokens: list[int] = []
+    width = smollm_tokenizer().vocab_size
+    while batch.is_running(0):
+        choice = batch.choose(np.zeros((1, width), dtype=np.float32), [0])
+        tokens += [int(choice.chosen[0]), *choice.forced[0]]
+    tools, _ = replay(artifact, 1, tokens, [0.0] * len(tokens), width=width)
+    assert tools is not None and len(tools) == 1
 
 
 @contextmanager
@@ -177,14 +202,85 @@ def test_vllm_down_is_502_and_the_endpoint_lives_on(tmp_path: Path) -> None:
             assert reply.status_code == 200, reply.text
 
 
-def test_vllm_slow_is_504_and_the_endpoint_lives_on(tmp_path: Path) -> None:
-    with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path, limits=ServeLimits(timeout_s=1))) as client:
-        vllm.mode = "hang"
-        reply = client.post("/v1/discover", json={"query": QUERIES[1], "k": 1})
-        assert reply.status_code == 504 and reply.json()["error"]["code"] in ("timeout", "upstream_timeout")
-        vllm.mode = "reference"
-        vllm.release.set()
-        assert client.post("/v1/discover", json={"query": QUERIES[1], "k": 1}).status_code == 200
+def test_vllm_slow_is_504_upstream_timeout_and_its_thread_is_freed(tmp_path: Path) -> None:
+    """vLLM does not answer: the call gives up before the service's own timeout, so the reply is the definite 504
+    upstream_timeout (never the service's "timeout", which would leave the call holding its thread), and the pool's
+    one thread is free again: the next request is answered while the first one's vLLM handler still hangs."""
+    with StandIn() as vllm:
+        service = remote_service(vllm.url, tmp_path, limits=ServeLimits(timeout_s=2), concurrency=1)
+        warm_replay(service.served("catalog").artifact)
+        with client_of(service) as client:
+            vllm.mode = "hang"
+            reply = client.post("/v1/discover", json={"query": QUERIES[1], "k": 1})
+            assert reply.status_code == 504, reply.text
+            assert reply.json()["error"]["code"] == "upstream_timeout", reply.text
+            assert "did not answer" in reply.json()["error"]["message"], reply.text
+            vllm.mode = "reference"  # the hanging handler is not released: only the call's own timeout freed it
+            reply = client.post("/v1/discover", json={"query": QUERIES[1], "k": 1})
+            assert reply.status_code == 200, reply.text
+            assert len(vllm.requests) == 2 and not vllm.release.is_set()
+
+
+def test_fewer_logprobs_than_tokens_is_502(tmp_path: Path) -> None:
+    with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path)) as client:
+        vllm.mode = "short"
+        reply = client.post("/v1/discover", json={"query": QUERIES[0], "k": 2})
+        assert reply.status_code == 502 and reply.json()["error"]["code"] == "bad_gateway", reply.text
+        message = reply.json()["error"]["message"]
+        assert vllm.url in message and "1 logprobs" in message, message
+
+
+class FailingReplay(TrieBatch):
+    """A trie batch whose choices fail as the kernels' input checks do (``DecodeError``)."""
+
+    def choose(self, *_: object, **__: object) -> None:  # type: ignore[override]
+        raise DecodeError("rows [0] reach outside the batch")
+
+
+def test_a_reply_the_trie_cannot_replay_is_vllms_fault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``DecodeError`` while replaying vLLM's tokens is about vLLM's reply (the request was checked before the
+    call): 502, not the client's 422."""
+    monkeypatch.setattr(vllm_remote, "TrieBatch", FailingReplay)
+    with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path)) as client:
+        reply = client.post("/v1/discover", json={"query": QUERIES[0], "k": 1})
+        assert reply.status_code == 502 and reply.json()["error"]["code"] == "bad_gateway", reply.text
+        message = reply.json()["error"]["message"]
+        assert vllm.url in message and "rows [0] reach outside the batch" in message, message
+
+
+def deepest_answer_tokens(artifact: Artifact, k: int) -> int:
+    """An answer's tokens at most: at each of its k places the longest path any tool has in that place's trie (its
+    phase: first or later, last or not), then the stop token. No real answer of k distinct tools is longer."""
+    trie = artifact.trie
+    longest = [max(len(trie.tool_path(int(trie.phase_trie[phase_of(place, k)]), tool))
+                   for tool in range(trie.n_tools)) for place in range(k)]
+    return sum(longest) + 1
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_deepest_answer_fits_the_budget_on_both_paths(tmp_path: Path, k: int) -> None:
+    query = "Please find the weather forecast for Paris and the news about the trains to Lyon tomorrow morning"
+    local = tiny_service([CATALOG_PATH], tmp_path / "local", limits=ServeLimits(timeout_s=TIMEOUT))
+    served = local.served("catalog")
+    artifact = served.artifact
+    deepest = deepest_answer_tokens(artifact, k)
+    assert k * artifact.trie.max_depth + 1 >= deepest <= answer_budget(artifact, k)
+    # Through vLLM: it may generate the whole budget, and the answer it gives fits it.
+    with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path)) as client:
+        reply = client.post("/v1/discover", json={"query": query, "k": k})
+        assert reply.status_code == 200, reply.text
+        assert vllm.requests[-1]["max_tokens"] == answer_budget(artifact, k)
+        assert reply.json()["usage"]["completion_tokens"] <= deepest
+    # In process: a context with room for the prompt, the query and the budget takes the request; one without room
+    # for the deepest answer refuses it.
+    query_tokens = len(local.tokenizer.encode_prompt("", query, ""))
+    with client_of(local) as client:
+        local.context_tokens = served.prompt_tokens + query_tokens + answer_budget(artifact, k)
+        reply = client.post("/v1/discover", json={"query": query, "k": k})
+        assert reply.status_code == 200, reply.text
+        local.context_tokens = served.prompt_tokens + query_tokens + deepest - 1
+        reply = client.post("/v1/discover", json={"query": query, "k": k})
+        assert reply.status_code == 422 and "too long" in reply.json()["error"]["message"], reply.text
 
 
 @pytest.mark.parametrize(("mode", "says"), [("refuse", "tooltrie_k must be an int"), ("prose", "processor")])
