@@ -64,10 +64,68 @@ def test_bench_constraint_runs_and_its_arms_agree(tmp_path):
             assert config["arms"][arm]["status"] == "ok", (arm, config["arms"][arm]["status"])
 
 
-def test_bench_lexical_runs_and_reads_back_what_it_built(tmp_path):
-    results = _run("bench_lexical.py", tmp_path / "lexical.json", "--sizes", "300", "--repeats", "1", "--queries", "3")
-    (size,) = results
-    assert size["tools"] == 300 and size["build_s"]["median"] > 0 and size["query_ms"]["median"] > 0
+def test_bench_lexical_reads_back_the_index_it_built(tmp_path, monkeypatch, capsys):
+    """Run in this process, the indexes it builds and reads back recorded: every index read back from the file
+    beside the artifact is the one built (its words, its matrix, its scores of the bench's queries), the JSON's
+    settings are the arguments given, and its table has the one registry's row with a column per arm it ran."""
+    import importlib.util
+
+    import numpy as np
+
+    from tooltrie.eval.datasets import load_split
+    from tooltrie.lexical import LexicalIndex
+
+    built: list[LexicalIndex] = []
+    read_back: list[LexicalIndex] = []
+    build, cached = LexicalIndex.build.__func__, LexicalIndex.cached.__func__
+
+    def recorded_build(cls, registry):
+        built.append(build(cls, registry))
+        return built[-1]
+
+    def recorded_cached(cls, registry, path):
+        before = len(built)
+        index = cached(cls, registry, path)
+        if len(built) == before:  # nothing built: read from the file
+            read_back.append(index)
+        return index
+
+    monkeypatch.setattr(LexicalIndex, "build", classmethod(recorded_build))
+    monkeypatch.setattr(LexicalIndex, "cached", classmethod(recorded_cached))
+    monkeypatch.syspath_prepend(str(BENCH))  # its own imports: _common, bench_compile
+    spec = importlib.util.spec_from_file_location("bench_lexical", BENCH / "bench_lexical.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "lexical.json"
+    assert bench.main(["--sizes", "300", "--repeats", "2", "--queries", "3", "--output", str(out)]) == 0
+
+    registry = bench.synthetic_registry(300)
+    reference = LexicalIndex.build(registry)  # built afresh here, as nothing above was
+    queries = [q.query for q in load_split("bfcl", "validation")][:3]
+    assert len(read_back) == 2 and built  # one read per repeat; the first build wrote the file
+    for index in [*built, *read_back]:
+        assert index._bm25.vocab_dict == reference._bm25.vocab_dict
+        for name in ("data", "indices", "indptr"):
+            np.testing.assert_array_equal(index._bm25.scores[name], reference._bm25.scores[name], err_msg=name)
+        for query in [*queries, *reference._bm25.vocab_dict]:
+            np.testing.assert_array_equal(index.scores(query), reference.scores(query), err_msg=query)
+
+    document = json.loads(out.read_text(encoding="utf-8"))
+    assert {key: document["settings"][key] for key in ("sizes", "repeats", "queries")} == {
+        "sizes": "300", "repeats": 2, "queries": 3}
+    (result,) = document["results"][:1]
+    assert (result["registry"], result["tools"]) == (registry.name, 300)
+    for arm in ("build_s", "bm25s_build_s", "read_back_s"):  # the arms that took turns, each timed once a repeat
+        assert len(result[arm]["samples"]) == 2, arm
+    assert len(result["query_ms"]["samples"]) == len(result["z_scores_ms"]["samples"]) == 3
+    lines = capsys.readouterr().out.splitlines()
+    title = lines.index("lexical prior, one core")
+    header, rows = lines[title + 1], lines[title + 3:]
+    rows = rows[: rows.index("")] if "" in rows else rows
+    assert [row.split()[0] for row in rows if not row.startswith("wrote")] == [registry.name]
+    for column in ("index build s", "bm25s's own s", "read back s"):
+        assert column in header, header
 
 
 def test_transfer_split_writes_the_queries_of_each_half(tmp_path):
