@@ -20,7 +20,6 @@ request or answers something that is not an answer is a 502 for that request, on
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Sequence
@@ -37,12 +36,11 @@ from tooltrie.compiler.tokenizer_info import TokenizerInfo
 from tooltrie.errors import DecodeError
 from tooltrie.integrations.vllm_rows import request_args
 from tooltrie.kernels.batch import TrieBatch
-from tooltrie.kernels.state import check_k
 from tooltrie.ranker import MODEL_ONLY, Ranker
-from tooltrie.serve.engine import Answer, Request, ToolChoice
 from tooltrie.serve.errors import BadGatewayError, UpstreamTimeoutError
 from tooltrie.serve.limits import answer_budget
 from tooltrie.serve.prompt import Prompt
+from tooltrie.serve.request import Answer, Request, RequestStatus, ToolChoice, check_request
 
 # How long ``step`` waits for a call to finish before it returns to the worker's loop (which then takes new jobs and
 # cancellations): short, since the worker does nothing else meanwhile.
@@ -180,8 +178,7 @@ class RemoteEngine:
         self.server, self.tokenizer, self.artifact, self.prompt, self.max_batch = (server, tokenizer, artifact,
                                                                                   prompt, max_batch)
         self.artifact_path = server.artifact_path(artifact)  # written now: an unwritable directory fails at start
-        self._calls: dict[int, Future[Answer]] = {}
-        self._tickets = itertools.count()
+        self._calls: dict[Request, Future[Answer]] = {}
 
     @property
     def busy(self) -> bool:
@@ -194,34 +191,38 @@ class RemoteEngine:
     def fresh(self) -> RemoteEngine:
         return RemoteEngine(self.server, self.tokenizer, self.artifact, prompt=self.prompt, max_batch=self.max_batch)
 
-    def submit(self, request: Request) -> int:
-        if request.allow is not None or request.deny:
-            raise DecodeError("this server answers through vLLM, whose processor takes whole registries: allow, "
-                              "deny and prefilter are not available")
-        if not request.constrained or request.reasoning or request.ranker != "model":
-            raise DecodeError("this server answers through vLLM: constrained answers ranked by the model only")
-        check_k(request.k, self.artifact.trie.n_tools, where="request")
-        ticket = next(self._tickets)
-        self._calls[ticket] = self.server.pool.submit(self._answer, request)
-        return ticket
+    def submit(self, request: Request) -> Request:
+        tools = check_request(request, self.artifact)
+        if tools is not None or not request.constrained or request.reasoning or request.ranked_by != "model":
+            raise DecodeError("this server answers through vLLM, whose processor takes whole registries ranked by "
+                              "the model only: allow, deny, prefilter, other rankers and reasoning are not available")
+        request.status = RequestStatus.DECODING
+        self._calls[request] = self.server.pool.submit(self._answer, request)
+        return request
 
-    def cancel(self, ticket: int) -> bool:
+    def cancel(self, request: Request) -> bool:
         """Forget the call (vLLM finishes it; its answer is dropped)."""
-        call = self._calls.pop(ticket, None)
+        call = self._calls.pop(request, None)
         if call is not None:
             call.cancel()
+            request.status = RequestStatus.CANCELLED
         return call is not None
 
-    def step(self) -> dict[int, Answer | BaseException]:
-        """The calls that have finished (waiting briefly for one): an answer or the ``ServeError`` of each."""
+    def step(self) -> list[Request]:
+        """The requests whose calls have finished (waiting briefly for one): each answered, or failed with its
+        ``ServeError``."""
         if self._calls:
             wait(list(self._calls.values()), timeout=STEP_WAIT_S, return_when=FIRST_COMPLETED)
-        finished: dict[int, Answer | BaseException] = {}
-        for ticket, call in list(self._calls.items()):
+        finished: list[Request] = []
+        for request, call in list(self._calls.items()):
             if call.done():
-                del self._calls[ticket]
+                del self._calls[request]
                 error = call.exception()
-                finished[ticket] = call.result() if error is None else error
+                if error is None:
+                    request.finish(call.result())
+                else:
+                    request.fail(error)
+                finished.append(request)
         return finished
 
     def _answer(self, request: Request) -> Answer:
@@ -266,7 +267,8 @@ class RemoteEngine:
         ids = [t for t in tokens if t != artifact.eos_id]
         return Answer(tools=tools, finish_reason="stop", token_ids=tokens, text=self.tokenizer.decode(ids),
                       forward_passes=len(tokens), decision_points=decisions, prompt_tokens=len(prompt_ids),
-                      latency_ms=(time.perf_counter() - started) * 1e3, ranker=MODEL_ONLY.as_dict())
+                      latency_ms=(time.perf_counter() - started) * 1e3, ranker=MODEL_ONLY.as_dict(),
+                      artifact=artifact)
 
 
 def replay(artifact: Artifact, k: int, tokens: Sequence[int], logprobs: Sequence[float], *,
