@@ -43,7 +43,7 @@ import html
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 from urllib.parse import unquote
 
 from tooltrie.errors import RegistryError
@@ -69,7 +69,7 @@ class _OperationError(ValueError):
     """A problem of one operation: reported as that entry's problem."""
 
 
-def is_openapi(document: Any) -> bool:
+def is_openapi(document: Any) -> TypeGuard[dict[str, Any]]:
     """An OpenAPI (or Swagger) document, by its top-level version key."""
     return isinstance(document, dict) and ("openapi" in document or "swagger" in document)
 
