@@ -582,7 +582,8 @@ class DiscoveryService:
             except ServeError as exc:
                 self.metrics.reloads.labels(name, exc.code).inc()
                 raise
-            new = self._with_adapter(replace(new, adapter=old.adapter))  # kept while it fits the tools
+            # kept while it fits the tools; else the trainer's, its weights hashed off the loop
+            new = await asyncio.to_thread(self._with_adapter, replace(new, adapter=old.adapter))
             self._install(new, await asyncio.to_thread(self._engine, new))
             self.metrics.reloads.labels(name, "ok").inc()
         return {**new.summary(default=name == self.default_registry),
@@ -612,7 +613,8 @@ class DiscoveryService:
         served = self.served(name)
         if self.trainer is None:
             raise UnavailableError("this server trains no adapters; start it with --train")
-        return {"name": name, **self.trainer.request(name, served.artifact).as_dict()}
+        status = await asyncio.to_thread(self.trainer.request, name, served.artifact)  # a cached one is hashed
+        return {"name": name, **status.as_dict()}
 
     async def _adopt(self, name: str, adapter: AdapterRecord) -> None:
         """Swap ``adapter`` in for ``name`` as a reload swaps a registry, if it still fits the registry served."""
@@ -620,7 +622,7 @@ class DiscoveryService:
             served = self._served[name]
             if training_mismatch(adapter, served.artifact) is not None:  # reloaded meanwhile: train for this one
                 assert self.trainer is not None
-                self.trainer.request(name, served.artifact)
+                await asyncio.to_thread(self.trainer.request, name, served.artifact)
                 return
             new = replace(served.with_adapter(adapter, self.tokenizer, self._prompt(adapter)), loaded_at=time.time())
             self._install(new, await asyncio.to_thread(self._engine, new))

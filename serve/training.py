@@ -16,7 +16,8 @@ of its weights in the record: a cached adapter whose weights are truncated or co
 The child process, and what it may start, is bounded:
 
 - it runs in a session of its own, so stopping it (``SIGTERM``, then ``SIGKILL`` after ``STOP_GRACE_S``) reaches
-  everything it started, and stopping never blocks the server's event loop;
+  everything it started, and stopping never blocks the server's event loop; what it started and left running when it
+  exited (on its own too) is killed with it, lest it keep the key's lock (below);
 - it exits with the server however the server ends, ``SIGKILL`` included: its stdin is a pipe from the server that
   it watches (``serve.lifeline.exit_with_server``), which reads end-of-file once the server's process is gone;
 - one process at a time trains a key: the trainer holds a lock (``flock`` on ``<cache>/adapters/.<key>.lock``) that
@@ -27,6 +28,10 @@ The child process, and what it may start, is bounded:
   (``tooltrie_adapter_training_failed``).
 
 Progress is read from the training log (one JSON line per step) and shown in ``/v1/registries`` and ``/metrics``.
+
+An adapter's weights are hashed (``verify_adapter``: a second or more for a large one) in a worker thread whenever the
+event loop is waiting on them; ``request`` and ``adapter`` may be called from such a thread
+(``asyncio.to_thread``) while ``run`` is being awaited.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -131,6 +137,10 @@ class AdapterTrainer:
         self.status: dict[str, TrainingStatus] = {}
         self._queue: deque[tuple[str, Artifact, TrainingStatus]] = deque()
         self._wake = asyncio.Event()
+        # ``status`` and ``_queue`` are changed under this lock, from the loop's thread or a worker's, and never while
+        # weights are hashed; ``_loop`` is the loop ``run`` is awaited on, which a worker wakes thread-safely.
+        self._books = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def directory(self, artifact: Artifact) -> Path:
         return self.cache_dir / self.job.key(artifact, self.base_fingerprint)
@@ -164,28 +174,53 @@ class AdapterTrainer:
 
     def _request(self, name: str, artifact: Artifact) -> tuple[TrainingStatus, AdapterRecord | None]:
         key = self.directory(artifact).name
+        with self._books:
+            pending = self._pending(name, key)
+        if pending is not None:
+            return pending, None
+        cached = self.cached(artifact)  # outside the lock: hashing the weights takes a while
+        with self._books:
+            pending = self._pending(name, key)  # queued by another caller meanwhile
+            if pending is not None:
+                return pending, None
+            self._queue = deque(entry for entry in self._queue if entry[0] != name)
+            if cached is not None:  # trained already (the service swaps it in when it loads the registry)
+                self.status[name] = TrainingStatus("ready", steps=self.job.steps, key=key, step=self.job.steps,
+                                                   adapter=str(cached.path))
+                return self.status[name], cached
+            status = self.status[name] = TrainingStatus("queued", steps=self.job.steps, key=key)
+            self._queue.append((name, artifact, status))
+        self._wake_runner()
+        return status, None
+
+    def _pending(self, name: str, key: str) -> TrainingStatus | None:
         current = self.status.get(name)
         if current is not None and current.state in ("queued", "training") and current.key == key:
-            return current, None
-        self._queue = deque(entry for entry in self._queue if entry[0] != name)
-        cached = self.cached(artifact)
-        if cached is not None:  # trained already (the service swaps it in when it loads the registry)
-            self.status[name] = TrainingStatus("ready", steps=self.job.steps, key=key, step=self.job.steps,
-                                               adapter=str(cached.path))
-            return self.status[name], cached
-        status = self.status[name] = TrainingStatus("queued", steps=self.job.steps, key=key)
-        self._queue.append((name, artifact, status))
-        self._wake.set()
-        return status, None
+            return current
+        return None
+
+    def _wake_runner(self) -> None:
+        """Wake ``run``: an ``asyncio.Event`` is set on its loop's thread, never from another."""
+        loop = self._loop
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:  # a worker thread
+            on_loop = False
+        if loop is None or on_loop or loop.is_closed():
+            self._wake.set()
+        else:
+            loop.call_soon_threadsafe(self._wake.set)
 
     async def run(self, ready: Ready) -> None:
         """Train what is queued, one registry at a time, calling ``ready(name, adapter)`` after each; until
         cancelled (a child training is then stopped)."""
+        self._loop = asyncio.get_running_loop()
         while True:
             while not self._queue:
                 self._wake.clear()
                 await self._wake.wait()
-            name, artifact, status = self._queue.popleft()
+            with self._books:
+                name, artifact, status = self._queue.popleft()
             try:
                 record = await self._train(status, artifact)
                 await ready(name, record)
@@ -205,7 +240,8 @@ class AdapterTrainer:
         lock = os.open(self.cache_dir / f".{output.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
             await self._lock(lock, status, deadline)
-            cached = self.cached(artifact)  # another process may have trained it while this one waited
+            # another process may have trained it while this one waited
+            cached = await asyncio.to_thread(self.cached, artifact)
             if cached is not None:
                 status.step = self.job.steps
                 return cached
@@ -247,7 +283,7 @@ class AdapterTrainer:
                                      start_new_session=True, pass_fds=(lock,),
                                      env={**os.environ, LIFELINE_ENV: "stdin"})
         try:
-            while child.poll() is None:
+            while not _exited(child):
                 if time.monotonic() > deadline:
                     status.error = (f"the training process was still running after its time limit "
                                     f"({self.time_limit_s:g} s) and was killed")
@@ -264,26 +300,36 @@ class AdapterTrainer:
             raise RuntimeError(status.error)
         status.step = self.job.steps
         shutil.rmtree(work / "data", ignore_errors=True)  # the log stays, beside the adapter
-        record = read_adapter(output)
-        verify_adapter(record)
-        return record
+        return await asyncio.to_thread(_verified, output)
+
+
+def _verified(output: Path) -> AdapterRecord:
+    record = read_adapter(output)
+    verify_adapter(record)
+    return record
 
 
 async def _stop(child: subprocess.Popen[bytes]) -> None:
-    """End ``child`` and everything in its session, without blocking the event loop: ``SIGTERM``, then after
-    ``STOP_GRACE_S`` ``SIGKILL``. Shielded: a cancelled caller still waits for the child to be gone."""
+    """End ``child`` and everything in its session, without blocking the event loop: a running child gets
+    ``SIGTERM``, then after ``STOP_GRACE_S`` its whole group gets ``SIGKILL``, also when it exited on its own (what it
+    started and left running would keep the key's lock inherited from it). Shielded: a cancelled caller still waits
+    for the child to be gone.
+
+    The group is signalled only while the child is not reaped (``_exited`` looks without reaping it): until then the
+    child's pid, which is its group's id (``start_new_session``), is held by it, a zombie at worst, so it cannot have
+    been given to another process, and the signal reaches only what the child started. It is reaped last."""
 
     async def stop() -> None:
-        # The group is signalled only while the child is not reaped: its id cannot have been reused until then.
-        if child.poll() is None:
-            _signal_group(child.pid, signal.SIGTERM)
-            grace = time.monotonic() + STOP_GRACE_S
-            while child.poll() is None and time.monotonic() < grace:
-                await asyncio.sleep(0.05)
-        if child.poll() is None:
+        if child.returncode is None:  # not reaped yet (it is below, once)
+            if not _exited(child):
+                _signal_group(child.pid, signal.SIGTERM)
+                grace = time.monotonic() + STOP_GRACE_S
+                while not _exited(child) and time.monotonic() < grace:
+                    await asyncio.sleep(0.05)
             _signal_group(child.pid, signal.SIGKILL)
-            while child.poll() is None:
+            while not _exited(child):
                 await asyncio.sleep(0.05)
+            child.wait()  # exited already: returns at once, and reaps it
         if child.stdin is not None:
             child.stdin.close()
 
@@ -293,6 +339,15 @@ async def _stop(child: subprocess.Popen[bytes]) -> None:
     except asyncio.CancelledError:
         await task
         raise
+
+
+def _exited(child: subprocess.Popen[bytes]) -> bool:
+    """Whether ``child`` has exited, without reaping it (``WNOWAIT``): its pid stays its own, a zombie's."""
+    if child.returncode is not None:
+        return True
+    if not hasattr(os, "waitid"):  # macOS before Python 3.13: reaped, so what it left running is not signalled
+        return child.poll() is not None
+    return os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
 def _signal_group(pid: int, signal_number: int) -> None:

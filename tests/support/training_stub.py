@@ -6,7 +6,9 @@ job, calls ``exit_with_server()`` first, then appends ``started PID`` to ``event
 - ``block``: waits for the file ``events/release``, then writes a small adapter that fits ``tiny_llama`` (zero
   updates on one layer) and appends ``landed PID``;
 - ``hang``: sleeps for ever;
-- ``stubborn``: sleeps for ever; a ``SIGTERM`` only appends ``term PID``.
+- ``stubborn``: sleeps for ever; a ``SIGTERM`` only appends ``term PID``;
+- ``orphan``: starts a process that inherits every descriptor it has (the key's lock among them) and sleeps, appends
+  ``orphan PID`` (that process's), then writes the adapter and exits, leaving it running.
 
 At its start it appends ``overlap PID`` if another stub started and not landed is still alive: two trainers at once.
 """
@@ -95,6 +97,15 @@ def main(artifact_file: str, output: str, directory: str, behaviour: str) -> Non
     if any(alive(pid) for pid in started - landed):
         _note(events_dir, "overlap")
     _note(events_dir, "started")
+    if behaviour == "orphan":
+        import subprocess
+
+        orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], close_fds=False)
+        with (events_dir / "log").open("a") as log:
+            log.write(f"orphan {orphan.pid}\n")
+        _write_adapter(Path(artifact_file), Path(output))
+        _note(events_dir, "landed")
+        return
     if behaviour != "block":
         while True:
             time.sleep(1)
