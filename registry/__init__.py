@@ -3,7 +3,8 @@
 Bundled (see ``registry/ATTRIBUTION.md``):
 
 - ``CATALOG_PATH``: the 47-tool MetaTool catalog, the embedded default;
-- ``BFCL_PATH``: the 1,853-name BFCL registry, the benchmark registry.
+- ``BFCL_PATH``: the 1,853-name BFCL registry, the benchmark registry;
+- ``OPENAPI_DIR``: OpenAPI 3 documents of two REST APIs (``tmdb.json``, ``spotify.json``), as RestBench keeps them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from tooltrie.registry.subsets import select_tools
 
 CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 BFCL_PATH = Path(__file__).with_name("bfcl.jsonl")
+OPENAPI_DIR = Path(__file__).with_name("openapi")
 
-__all__ = ["BFCL_PATH", "CATALOG_PATH", "Registry", "Tool", "load_registry", "make_registry", "parse_registry",
+__all__ = ["BFCL_PATH", "CATALOG_PATH", "OPENAPI_DIR", "Registry", "Tool", "load_registry", "make_registry", "parse_registry",
            "select_tools"]
