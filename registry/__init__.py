@@ -19,5 +19,5 @@ CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 BFCL_PATH = Path(__file__).with_name("bfcl.jsonl")
 OPENAPI_DIR = Path(__file__).with_name("openapi")
 
-__all__ = ["BFCL_PATH", "CATALOG_PATH", "OPENAPI_DIR", "Registry", "Tool", "load_registry", "make_registry", "parse_registry",
-           "select_tools"]
+__all__ = ["BFCL_PATH", "CATALOG_PATH", "OPENAPI_DIR", "Registry", "Tool", "load_registry", "make_registry",
+           "parse_registry", "select_tools"]
