@@ -17,7 +17,7 @@ from tooltrie.registry.subsets import select_tools
 
 CATALOG_PATH = Path(__file__).with_name("catalog.yaml")
 BFCL_PATH = Path(__file__).with_name("bfcl.jsonl")
-OPENAPI_DIR = Path(__file__).with_name("openapi")
+OPENAPI_DIR = Path(__file__).with_name("apis")
 
 __all__ = ["BFCL_PATH", "CATALOG_PATH", "OPENAPI_DIR", "Registry", "Tool", "load_registry", "make_registry",
            "parse_registry", "select_tools"]

@@ -14,15 +14,13 @@ import yaml
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-import tooltrie.registry
 from tooltrie.cli import main
 from tooltrie.compiler import Artifact
 from tooltrie.errors import RegistryError
-from tooltrie.registry import load_registry
+from tooltrie.registry import OPENAPI_DIR, load_registry  # the documents bundled, installed as package data
 from tooltrie.registry.model import Parameter
 from tooltrie.registry.openapi import METHODS, plain_text
 
-OPENAPI_DIR = Path(tooltrie.registry.__file__).with_name("openapi")  # bundled, installed as package data
 TMDB, SPOTIFY = OPENAPI_DIR / "tmdb.json", OPENAPI_DIR / "spotify.json"
 DERANDOMIZE = not os.environ.get("TOOLTRIE_HYPOTHESIS_EXPLORE")
 
