@@ -17,14 +17,17 @@ from support.serve import tiny_model
 from support.serve_http import catalog, check_answer, running_server, smollm_tokenizer
 
 import tooltrie.retrieval as retrieval_module
-from tooltrie.ranker import Prior, Ranker, RankerError, Weights
+from tooltrie.ranker import PRIORS, Prior, Ranker, RankerError, Weights, needs_encoder
 from tooltrie.registry import CATALOG_PATH
 from tooltrie.serve import service as service_module
 from tooltrie.serve.engine import Engine, Request
 from tooltrie.serve.prefilter import Prefilter
-from tooltrie.serve.service import DiscoveryRequest, DiscoveryService, ServedRegistry
+from tooltrie.serve.service import DiscoveryService, ServedRegistry
 
-QUERIES = ("will it rain in Paris tomorrow", "convert dollars to euros", "news about flights", "a recipe for soup")
+# The second is asked for the retrieval ranker's top 2: those of the three priors differ on it (the made-up encoder's
+# dense top 2 are tools 36 and 19, BM25's 2 and 1, the hybrid's 36 and 0), each without a tie down to third place.
+QUERIES = ("will it rain in Paris tomorrow", "exchange rate for euros and finance news", "news about flights",
+           "a recipe for soup")
 WEIGHTS = Weights(model=1.0, retrieval=20.0)
 
 
@@ -39,7 +42,17 @@ class NeverAsked:
         return list(range(k))
 
 
-def test_priors_are_made_at_admission_once_per_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def top(scores: np.ndarray, n: int) -> list[int]:
+    """The ``n`` best tool ids by ``scores``, ties to the lower id (the pre-filter's and retrieval's rule)."""
+    return [int(i) for i in np.argsort(-scores, kind="stable")[:n]]
+
+
+@pytest.mark.parametrize("kind", PRIORS)
+def test_priors_are_made_at_admission_once_per_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       kind: str) -> None:
+    """Each request asks for prior ``kind`` (the server's own is hybrid): its answer is the one decoded with that
+    kind's prior, made by a ranker of the test's own; the retrieval answer (the prior's top k) tells the kinds apart,
+    as their top 2 differ on its query."""
     encoder = MadeUpEncoder()
     monkeypatch.setattr(service_module, "ranker_for",
                         lambda artifact, source, weights, prior: Ranker(artifact.registry, fused=WEIGHTS, prior=prior,
@@ -49,9 +62,11 @@ def test_priors_are_made_at_admission_once_per_request(tmp_path: Path, monkeypat
     served = ServedRegistry.load(CATALOG_PATH, tokenizer, service_module.Prompt(), cache_dir=tmp_path)
     service = DiscoveryService(tiny_model(), tokenizer, [served], cache_dir=tmp_path, retrieval=True,
                                prefilter=Prefilter(lambda registry: retriever, limits={"catalog": 47}))
-    asks = [DiscoveryRequest(query, k, ranker=ranker, prefilter=prefilter)
+    assert service.prior == "hybrid"
+    asks = [Request(query, k, ranker=ranker, prefilter=prefilter, prior_kind=kind)
             for query, k, ranker, prefilter in zip(QUERIES, (1, 2, 3, 2), ("fused", "retrieval", "fused", "fused"),
                                                    (8, 5, None, None), strict=True)]
+    shapes = [(ask.query, ask.k, ask.ranker, ask.prefilter) for ask in asks]
 
     async def answer_all() -> list[dict[str, object]]:
         return list(await asyncio.gather(*(service.discover(ask) for ask in asks)))
@@ -65,20 +80,30 @@ def test_priors_are_made_at_admission_once_per_request(tmp_path: Path, monkeypat
         check_answer(body, catalog(), ask.k)
     asked = list(zip(encoder.threads, encoder.encoded, strict=True))  # (thread, text)
     by_query = {query: [thread for thread, text in asked if text == query] for query in QUERIES}
-    assert all(len(threads) == 1 for threads in by_query.values()), by_query  # embedded once each
-    assert "tooltrie-worker" not in {thread for threads in by_query.values() for thread in threads}, by_query
-    assert retriever.asked == []  # the pre-filter ranked by the prior's similarities
+    if needs_encoder(kind):
+        assert all(len(threads) == 1 for threads in by_query.values()), by_query  # embedded once each
+        assert "tooltrie-worker" not in {thread for threads in by_query.values() for thread in threads}, by_query
+    else:
+        assert encoder.encoded == []  # BM25 alone: nothing embedded, not even the tools
+    assert retriever.asked == []  # the pre-filter ranked by the prior's scores
 
-    # What the engine decodes with the prior it was handed (within the pre-filter's top N by the same similarities)
-    # is what it decodes making the prior itself.
+    # The answers are those decoded with this kind's prior, made here by a ranker of the test's own (within the
+    # pre-filter's top N by the same scores).
     ranker = Ranker(served.artifact.registry, fused=WEIGHTS, encoder=MadeUpEncoder())
     engine = Engine(tiny_model(), tokenizer, served.artifact, ranker=ranker)
     names = served.artifact.registry.names
-    for ask, body in zip(asks, bodies, strict=True):
-        order = np.argsort(-ranker.prior_scores([ask.query])[0], kind="stable")
-        allow = tuple(names[i] for i in order[: ask.prefilter or len(names)])
-        expected = engine.run([Request(ask.query, ask.k, ranker=ask.ranker or "model", allow=allow)])[0]
-        assert [tool["name"] for tool in body["tools"]] == [tool.name for tool in expected.tools], ask  # type: ignore[index, union-attr]
+    for (query, k, ranked_by, prefilter), body in zip(shapes, bodies, strict=True):
+        scores = {other: ranker.prior_scores([query], other)[0] for other in PRIORS}
+        allow = tuple(names[i] for i in top(scores[kind], prefilter or len(names)))
+        prior = ranker.row(query, ranked_by, prior=kind)
+        expected = engine.run([Request(query, k, ranker=ranked_by, allow=allow, prior=prior)])[0]
+        got = [tool["name"] for tool in body["tools"]]  # type: ignore[index]
+        assert got == [tool.name for tool in expected.tools], (query, kind)
+        if ranked_by == "retrieval":  # the prior's top k (no tie down to place k + 1), which no other kind has
+            ordered = np.sort(scores[kind])[::-1]
+            assert (np.diff(ordered[: k + 1]) < 0).all(), (query, kind, ordered[: k + 1])
+            assert got == [names[i] for i in top(scores[kind], k)], (query, kind)
+            assert all(set(top(scores[other], k)) != set(top(scores[kind], k)) for other in PRIORS if other != kind)
 
 
 def test_a_prior_made_for_another_registry_version_is_made_again() -> None:
