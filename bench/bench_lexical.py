@@ -8,7 +8,13 @@ each with a one-sentence description and two parameters made from the name's wor
 the size of a typical OpenAI tool). Queries: BFCL's validation requests. Targets (reported, never asserted): an
 index of 100,000 tools in at most 2 s, a query's scores in a few milliseconds.
 
-    NUMBA_NUM_THREADS=1 python bench/bench_lexical.py [--sizes 1853,10000,100000] [--repeats 5]
+Then, at the last size (the largest, by default), the pre-filter's top N by those scores (``serve/prefilter.py``,
+``Prefilter.top``) for N = 64 and 256, over every tool and over a random half of them (a tenant's allowed set), two
+arms taking turns on each query's scores: ``sorted``, the rule ``top`` followed before (a set of every tool built
+per request, then a Python sort of the allowed ones by ``(-score, tool id)``), and ``arrays``, ``top`` now (a
+partition, the ties at the N-th score to the lower ids). Both keep the same tools (checked on every query).
+
+    NUMBA_NUM_THREADS=1 python bench/bench_lexical.py [--sizes 1853,10000,100000] [--repeats 5] [--top-n 64,256]
 """
 
 from __future__ import annotations
@@ -17,15 +23,18 @@ import argparse
 import random
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
-from _common import median, print_table, summarize, take_turns, write_results
+from _common import Arm, median, print_table, summarize, take_turns, write_results
 from bench_compile import synthetic_names
 
 from tooltrie.eval.datasets import load_split
 from tooltrie.lexical import BM25_PARAMETERS, LexicalIndex, tool_words
 from tooltrie.ranker import standardized
 from tooltrie.registry import BFCL_PATH, Registry, load_registry, make_registry
+from tooltrie.serve.prefilter import Prefilter
 
 TARGETS = {"index_s_at_100k": 2.0, "query_ms_at_100k": 5.0}
 _PHRASES = ("for a given date range", "and returns the matching records", "with optional filters",
@@ -55,11 +64,46 @@ def bm25s_build(registry: Registry) -> None:
     bm25s.BM25(**BM25_PARAMETERS).index((documents, vocabulary), create_empty_token=False, show_progress=False)
 
 
+def sorted_top(n_tools: int, n: int, within: frozenset[int] | None, scores: Any) -> frozenset[int]:
+    """The pre-filter's top n as it was: a set of every tool when nothing narrows the request, then a Python sort of
+    the allowed tools by (-score, tool id)."""
+    allowed = frozenset(range(n_tools)) if within is None else within
+    if len(allowed) <= n:
+        return allowed
+    return frozenset(sorted(allowed, key=lambda tool: (-float(scores[tool]), tool))[:n])
+
+
+def bench_top(registry: Registry, index: LexicalIndex, queries: list[str], top_n: list[int],
+              seed: int = 0) -> list[dict[str, Any]]:
+    """The pre-filter's top N by each query's lexical prior, the sorted rule and the arrays taking turns."""
+    prefilter, n_tools = Prefilter(None), len(registry)
+    half = frozenset(random.Random(seed).sample(range(n_tools), n_tools // 2))
+    priors = [standardized(index.scores(query)[None, :])[0] for query in queries]
+    rows = []
+    for within_name, within in (("every tool", None), ("a random half", half)):
+        for n in top_n:
+            samples: dict[str, list[float]] = {"sorted": [], "arrays": []}
+            for query, scores in zip(queries, priors, strict=True):
+                arms: dict[str, Arm] = {"sorted": partial(sorted_top, n_tools, n, within, scores),
+                                        "arrays": partial(prefilter.top, registry, query, n, within=within,
+                                                          scores=scores)}
+                if arms["sorted"]() != arms["arrays"]():
+                    raise RuntimeError(f"the arms disagree on {query!r} (N={n}, {within_name})")
+                for name, times in take_turns(arms, repeats=1).items():
+                    samples[name] += times.samples["wall"]
+            ms = {name: [1000 * s for s in values] for name, values in samples.items()}
+            rows.append({"tools": n_tools, "within": within_name, "N": n, "sorted ms": median(ms["sorted"]),
+                         "arrays ms": median(ms["arrays"]), "sorted / arrays": median(ms["sorted"]) /
+                         median(ms["arrays"]), "samples_ms": {name: summarize(values) for name, values in ms.items()}})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1853,10000,100000")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--queries", type=int, default=100, help="BFCL validation requests timed per registry")
+    parser.add_argument("--top-n", default="64,256", help="the pre-filter's N, timed at the largest size")
     parser.add_argument("-o", "--output", default=None, help="JSON file (default bench/results/lexical.json)")
     args = parser.parse_args(argv)
 
@@ -98,8 +142,13 @@ def main(argv: list[str] | None = None) -> int:
                      "query ms (max)": max(1000 * s for s in scores),
                      "z-scores ms": median([1000 * s for s in priors])})
     print_table(rows, title="lexical prior, one core")
+    # The last registry's result (the largest, by default) also holds the pre-filter's top N by its prior.
+    top_n = [int(n) for n in args.top_n.split(",")]
+    top_rows = results[-1]["prefilter_top"] = bench_top(registry, index, queries, top_n)
+    print_table([{key: value for key, value in row.items() if key != "samples_ms"} for row in top_rows],
+                title="the pre-filter's top N by the lexical prior (median ms per request, arms taking turns)")
     path = write_results("lexical", settings={"sizes": args.sizes, "repeats": args.repeats,
-                                              "queries": len(queries), "targets": TARGETS},
+                                              "queries": len(queries), "targets": TARGETS, "top_n": args.top_n},
                          results=results, out=args.output)
     print(f"wrote {path}")
     return 0

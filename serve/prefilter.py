@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from tooltrie.errors import TooltrieError
 from tooltrie.registry import Registry
@@ -32,6 +33,10 @@ from tooltrie.serve.errors import InvalidRequestError, UnavailableError
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
+
+# What a pre-filter keeps its top N of: tool ids (a set, or an int array), a bool mask over the registry's tools, or
+# None for every tool.
+Within: TypeAlias = "AbstractSet[int] | npt.NDArray[np.bool_] | npt.NDArray[np.integer[Any]] | None"
 
 
 class PrefilterError(TooltrieError, ValueError):
@@ -79,35 +84,56 @@ class Prefilter:
             raise InvalidRequestError(f"prefilter={n} keeps fewer tools than k={k}; an answer needs k distinct tools")
         return n
 
-    def top(self, registry: Registry, query: str, n: int, *, within: frozenset[int],
-            scores: npt.NDArray[np.float32] | None = None) -> frozenset[int]:
-        """The ``n`` tools of ``within`` that rank best for ``query`` (all of ``within`` when it has fewer).
-        ``scores``: the query's retrieval prior for each tool, when the caller has made it already (for the
-        ranker's prior); they rank the tools then, ties to the lower tool id, as the retriever ranks.
+    def top(self, registry: Registry, query: str, n: int, *, within: Within = None,
+            scores: npt.NDArray[np.float32] | None = None) -> frozenset[int] | None:
+        """The ``n`` tools of ``within`` that rank best for ``query``; ``within`` itself (None stays None) when it has
+        no more than ``n``. ``within``: tool ids (a set or an int array), a bool mask over the registry's tools, or
+        None for every tool (no set of them all is made per request: at 100,000 tools that and a Python sort took
+        about 100 ms of the GIL). ``scores``: the query's retrieval prior for each tool, when the caller has made it
+        already (for the ranker's prior); they rank the tools then, ties to the lower tool id, as the retriever
+        ranks.
 
         Blocking (it may build the ranker, then encodes the query): call it off the event loop. Whatever the
         ranker returns, the result is a subset of ``within``.
+
+        >>> import numpy as np
+        >>> from tooltrie.registry import make_registry
+        >>> registry = make_registry([{"name": n} for n in ("a", "b", "c", "d")], name="demo")
+        >>> scores = np.array([0.5, 2.0, 0.5, 0.5], dtype=np.float32)
+        >>> sorted(Prefilter(None).top(registry, "any query", 2, scores=scores))  # 0.5 thrice: the lowest id
+        [0, 1]
+        >>> sorted(Prefilter(None).top(registry, "any query", 2, within=frozenset({0, 2, 3}), scores=scores))
+        [0, 2]
         """
-        if len(within) <= n:
-            return within
+        import numpy as np
+
+        n_tools = len(registry)
+        if within is None:
+            if n_tools <= n:
+                return None
+            mask = None
+        else:
+            mask = _mask(within, n_tools)
+            if int(np.count_nonzero(mask)) <= n:
+                return within if isinstance(within, frozenset) else frozenset(np.flatnonzero(mask).tolist())
         if scores is not None:
-            if scores.shape != (len(registry),):
+            if scores.shape != (n_tools,):
                 raise ValueError(f"scores have shape {scores.shape}; registry {registry.name!r} has "
-                                 f"{len(registry)} tools")
-            return frozenset(sorted(within, key=lambda tool: (-float(scores[tool]), tool))[:n])
+                                 f"{n_tools} tools")
+            candidates = np.arange(n_tools) if mask is None else np.flatnonzero(mask)
+            return frozenset(candidates[best_positions(scores[candidates], n)].tolist())
         with self._lock(registry.name):
             ranker = self._ranker(registry)
             try:
-                order = ranker.rank_indices(query, len(registry))
+                order = ranker.rank_indices(query, n_tools)
             except Exception as exc:  # the embedding model failed: the service's fault, not the request's
                 raise UnavailableError(f"the pre-filter's retriever failed: {type(exc).__name__}: {exc}") from exc
-        kept: list[int] = []
-        for index in order:
-            if index in within and index not in kept:
-                kept.append(index)
-                if len(kept) == n:
-                    break
-        return frozenset(kept)
+        ranked = np.fromiter(order, dtype=np.int64)
+        ranked = ranked[(ranked >= 0) & (ranked < n_tools)]  # whatever the ranker returns
+        if mask is not None:
+            ranked = ranked[mask[ranked]]
+        _, first = np.unique(ranked, return_index=True)  # each tool where the ranker first named it
+        return frozenset(ranked[np.sort(first)[:n]].tolist())
 
     def _lock(self, name: str) -> threading.Lock:
         with self._guard:
@@ -126,6 +152,47 @@ class Prefilter:
                                    f"{exc}") from exc
         self._rankers[registry.name] = (registry.sha256, ranker)  # a reloaded registry's old ranker goes
         return ranker
+
+
+def best_positions(scores: npt.NDArray[np.floating[Any]], n: int) -> npt.NDArray[np.intp]:
+    """The positions of the ``n`` highest ``scores`` (all when there are fewer), ties to the lower position: the
+    first ``n`` of ``sorted(range(len(scores)), key=lambda i: (-scores[i], i))``, in that order, with a partition
+    (linear) and a sort of the ``n`` kept. ``np.argpartition`` alone would break the ties at the n-th score
+    arbitrarily, so the tied are taken by position: all above the n-th score, then the first of those equal to it.
+
+    >>> import numpy as np
+    >>> best_positions(np.array([1.0, 3.0, 1.0, 2.0, 1.0], dtype=np.float32), 3).tolist()
+    [1, 3, 0]
+    """
+    import numpy as np
+
+    if n >= len(scores):
+        chosen = np.arange(len(scores))
+    elif n <= 0:
+        return np.zeros(0, dtype=np.intp)
+    else:
+        nth = np.partition(scores, len(scores) - n)[len(scores) - n]  # the n-th highest score
+        above = np.flatnonzero(scores > nth)
+        chosen = np.concatenate([above, np.flatnonzero(scores == nth)[: n - len(above)]])
+    by_rank: npt.NDArray[np.intp] = chosen[np.lexsort((chosen, -scores[chosen]))]
+    return by_rank
+
+
+def _mask(within: AbstractSet[int] | npt.NDArray[Any], n_tools: int) -> npt.NDArray[np.bool_]:
+    """``within`` (tool ids, or a bool mask over the tools) as a bool mask over the registry's ``n_tools`` tools."""
+    import numpy as np
+
+    if isinstance(within, np.ndarray) and within.dtype == np.bool_:
+        if within.shape != (n_tools,):
+            raise ValueError(f"a mask of shape {within.shape} for a registry of {n_tools} tools")
+        return within
+    ids = np.asarray(within, dtype=np.int64) if isinstance(within, np.ndarray) else (
+        np.fromiter(within, dtype=np.int64, count=len(within)))
+    if ids.size and (ids.min() < 0 or ids.max() >= n_tools):
+        raise ValueError(f"tool ids from {ids.min()} to {ids.max()} for a registry of {n_tools} tools")
+    mask = np.zeros(n_tools, dtype=np.bool_)
+    mask[ids] = True
+    return mask
 
 
 def prior_rankers(prior: str = "hybrid") -> tuple[RankerFactory | None, str]:

@@ -20,7 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import hypothesis
+import numpy as np
 import pytest
+from hypothesis import strategies as st
 from mcp import Client
 from support.serve_http import (
     Running,
@@ -240,3 +243,76 @@ def test_real_retriever_answers_with_its_own_top_n(tmp_path: Path, prior: str) -
     ranker = PriorRanker(catalog(), prior=prior)
     for query, reply in zip(queries, replies, strict=True):
         assert names(reply) == {catalog().names[i] for i in ranker.rank_indices(query, 3)}
+
+
+# -- top N by arrays against the rule they replace ------------------------------------------------------------------
+
+def sorted_top(n_tools: int, n: int, within: frozenset[int] | None, scores: Any) -> frozenset[int]:
+    """The rule ``Prefilter.top`` followed with a Python sort over a set of every allowed tool: the first n by
+    (-score, tool id), or all of them when there are no more than n."""
+    allowed = frozenset(range(n_tools)) if within is None else within
+    if len(allowed) <= n:
+        return allowed
+    return frozenset(sorted(allowed, key=lambda tool: (-float(scores[tool]), tool))[:n])
+
+
+def looped_top(order: list[int], n: int, within: frozenset[int]) -> frozenset[int]:
+    """The rule it followed with a ranker's order: the first n distinct tools of ``within`` in that order."""
+    if len(within) <= n:
+        return within
+    kept: list[int] = []
+    for index in order:
+        if index in within and index not in kept:
+            kept.append(index)
+            if len(kept) == n:
+                break
+    return frozenset(kept)
+
+
+# A few values, signed zeros among them, so that most draws have ties, at the n-th score too.
+TIED_SCORES = st.sampled_from([-1.5, -0.0, 0.0, 0.25, 0.25000003, 1.0, 3.0])
+
+
+@st.composite
+def rankings(draw: st.DrawFn) -> tuple[int, int, frozenset[int] | None, Any, list[int]]:
+    n_tools = draw(st.integers(1, 40))
+    n = draw(st.integers(1, n_tools + 2))
+    within = draw(st.none() | st.frozensets(st.integers(0, n_tools - 1)))
+    scores = np.array(draw(st.lists(TIED_SCORES, min_size=n_tools, max_size=n_tools)), dtype=np.float32)
+    order = draw(st.lists(st.integers(-3, n_tools + 3), max_size=2 * n_tools + 3))
+    return n_tools, n, within, scores, order
+
+
+def _as_given(within: frozenset[int] | None, form: str, n_tools: int) -> Any:
+    """``within`` as a caller may give it: a set, a bool mask or an int array of tool ids."""
+    if within is None or form == "set":
+        return within
+    ids = np.array(sorted(within), dtype=np.int64)
+    if form == "ids":
+        return ids
+    mask = np.zeros(n_tools, dtype=bool)
+    mask[ids] = True
+    return mask
+
+
+@hypothesis.settings(max_examples=400, deadline=None)
+@hypothesis.given(rankings(), st.sampled_from(["set", "mask", "ids"]))
+def test_top_by_arrays_is_the_sorted_rule(drawn: tuple[int, int, frozenset[int] | None, Any, list[int]],
+                                          form: str) -> None:
+    """Scores with ties (at the n-th score too): the same tools as the Python sort, ties to the lower tool id, for
+    ``within`` as a set, a mask, ids, or None (every tool); and, ranked by a ranker whose order repeats ids and
+    names ids outside the registry, the same tools as the loop over its order."""
+    n_tools, n, within, scores, order = drawn
+    registry = make_registry([{"name": f"t{i}"} for i in range(n_tools)], name="demo")
+    given_within = _as_given(within, form, n_tools)
+    kept = Prefilter(None).top(registry, "q", n, within=given_within, scores=scores)
+    assert (frozenset(range(n_tools)) if kept is None else kept) == sorted_top(n_tools, n, within, scores)
+
+    class Ordered:
+        def rank_indices(self, query: str, k: int) -> list[int]:
+            return order
+
+    ranked = Prefilter(lambda _: Ordered()).top(registry, "q", n, within=given_within)
+    everything = frozenset(range(n_tools))
+    assert (everything if ranked is None else ranked) == looped_top(order, n, everything if within is None
+                                                                    else within)
