@@ -1,4 +1,5 @@
-"""Labelled query sets: the bundled MetaTool and BFCL queries with a fixed held-out test split, and user JSONL files.
+"""Labelled query sets: the bundled MetaTool, BFCL, RestBench and ToolAlpaca queries with a fixed held-out test
+split, and user JSONL files.
 
 A labelled query is ``{"query": str, "tools": [names]}`` (one JSON object per line; an optional ``"k"`` must equal
 the number of tools). Bundled (``eval/data/``, see ``eval/data/ATTRIBUTION.md``):
@@ -9,6 +10,9 @@ name              file                            registry    stratum (a group o
 metatool-single   metatool/queries_single_47      catalog     the gold tool (47)               10 per tool
 metatool-multi    metatool/queries_multi_k2       catalog     the unordered gold pair (88)     20 %
 bfcl              bfcl/queries (labelled only)    bfcl        the BFCL category (10)           10 %
+restbench-tmdb    restbench-tmdb/queries          its own     the unordered gold set (75)      halves
+restbench-spotify restbench-spotify/queries       its own     the unordered gold set (50)      halves
+toolalpaca        toolalpaca/queries              its own     the unordered gold set (100)     halves
 ================  ==============================  ==========  ===============================  ============
 
 **The split rule** (fixed, deterministic, no seed): within each stratum, queries are ordered by the sha256 of their
@@ -18,6 +22,13 @@ withheld from every other split of every set, so a text that is tested anywhere 
 of the set, in the same hash order (not by stratum), gives its first 5 % (rounded half up) to the validation split;
 the rest, less any text already in validation, is the train split. Sizes (test / validation / train): 470 / 507 /
 9,638 (metatool-single), 118 / 19 / 360 (metatool-multi), 250 / 112 / 2,137 (bfcl); a test pins the test splits.
+
+**Halves** (the three small development registries, RestBench's TMDB and Spotify and ToolAlpaca, each with its own
+registry ``<name>/<name>.json``, an OpenAI tools list; a few dozen to two hundred queries, most gold sets seen
+once): no train split. The queries are ordered by stratum (the gold set's sorted names), then by text hash, then by
+line, and alternate down that order, test first: every stratum is split as evenly as it can be, and the strata seen
+once fall about evenly between the two halves. Test texts of every set are then withheld from the validation half as above.
+Sizes (test / validation): 50 / 50 (restbench-tmdb), 28 / 28 (restbench-spotify), 104 / 104 (toolalpaca).
 """
 
 from __future__ import annotations
@@ -69,12 +80,15 @@ class _Bundled:
     stratum: str  # "tool" | "tool-set" | "category"
     test_count: int = 0  # per stratum; else test_fraction
     test_fraction: float = 0.0
+    halves: bool = False  # test and validation alternate down the stratum-then-hash order; no train split
 
 
 BUNDLED: dict[str, _Bundled] = {
     "metatool-single": _Bundled("metatool/queries_single_47.jsonl", CATALOG_PATH, "tool", test_count=10),
     "metatool-multi": _Bundled("metatool/queries_multi_k2.jsonl", CATALOG_PATH, "tool-set", test_fraction=0.2),
     "bfcl": _Bundled("bfcl/queries.jsonl", BFCL_PATH, "category", test_fraction=0.1),
+    **{name: _Bundled(f"{name}/queries.jsonl", DATA_DIR / name / f"{name}.json", "tool-set", halves=True)
+       for name in ("restbench-tmdb", "restbench-spotify", "toolalpaca")},
 }
 
 
@@ -209,6 +223,14 @@ def _strata(name: str) -> list[list[LabelledQuery]]:
     return [[item for _, _, item in sorted(group, key=lambda e: (e[0], e[1]))] for group in groups.values()]
 
 
+def _halves(name: str) -> tuple[list[LabelledQuery], list[LabelledQuery]]:
+    """(test, validation) of a set split in halves: the queries ordered by stratum (its sorted names: the order does
+    not depend on the file's), then text hash, then line, taken in turn, test first."""
+    ordered = sorted(_strata(name), key=lambda group: sorted(group[0].tools))
+    queries = [item for group in ordered for item in group]
+    return queries[0::2], queries[1::2]
+
+
 def _round_half_up(value: float) -> int:
     return int(value + 0.5)
 
@@ -216,6 +238,8 @@ def _round_half_up(value: float) -> int:
 @functools.cache
 def _test(name: str) -> tuple[LabelledQuery, ...]:
     spec = _bundled(name)
+    if spec.halves:
+        return tuple(_halves(name)[0])
     test: list[LabelledQuery] = []
     for group in _strata(name):
         count = spec.test_count or max(1, _round_half_up(len(group) * spec.test_fraction))
@@ -226,6 +250,9 @@ def _test(name: str) -> tuple[LabelledQuery, ...]:
 @functools.cache
 def _splits(name: str) -> dict[str, tuple[LabelledQuery, ...]]:
     withheld = held_out_hashes()
+    if _bundled(name).halves:
+        kept = tuple(item for item in _halves(name)[1] if item.text_hash not in withheld)
+        return {"train": (), "validation": kept, "test": _test(name)}
     remaining = sorted(((item.text_hash, line, item) for line, item in enumerate(_read_bundled(name))
                         if item.text_hash not in withheld), key=lambda e: (e[0], e[1]))
     count = _round_half_up(len(remaining) * VALIDATION_FRACTION)
