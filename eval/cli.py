@@ -92,9 +92,10 @@ def _eval(args: argparse.Namespace) -> int:
     from tooltrie.eval.datasets import check_labels, load_split, registry_path
     from tooltrie.eval.harness import evaluate
     from tooltrie.eval.report import write_results
-    from tooltrie.ranker import ranker_for
-    from tooltrie.ranker_policy import fused_weights
+    from tooltrie.ranker import needs_encoder, ranker_for
+    from tooltrie.ranker_policy import auto_ranker, fused_weights
     from tooltrie.registry import CATALOG_PATH
+    from tooltrie.retrieval import locate_minilm
     from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
@@ -116,19 +117,24 @@ def _eval(args: argparse.Namespace) -> int:
     check_labels(queries, artifact.registry)
     style = args.prompt_style or info.prompt_style
     arms = [arm.strip() for arm in args.arms.split(",") if arm.strip()]
-    ranked = "fused" in arms or ("engine" in arms and args.ranker != "model") or any(a in PRIOR_ARMS for a in arms)
+    ranker = args.ranker
+    if ranker == "auto":  # what `tooltrie ask` and `serve` answer with by default, measured as they give it
+        ranker = auto_ranker(info.adapter, artifact,
+                             retrieval=not needs_encoder(args.prior) or locate_minilm() is not None)
+    ranked = "fused" in arms or ("engine" in arms and ranker != "model") or any(a in PRIOR_ARMS for a in arms)
     weights = args.fused_weights or fused_weights(info.adapter, artifact)
     setup = EvalSetup(model=model, tokenizer=tokenizer, artifact=artifact, prompt=Prompt.style(style),
                       batch_size=args.batch, max_new_tokens=args.max_new_tokens, model_path=info.path,
                       artifact_path=args.artifact,
-                      options={"ranker": args.ranker, "vllm": vllm_options(args.vllm),
+                      options={"ranker": ranker, "vllm": vllm_options(args.vllm),
                                "retrieval": ranker_for(artifact, args.artifact or args.registry, weights,
                                                        prior=args.prior) if ranked else None})
     meta = {"dataset": name if bundled else str(name), "split": split or ("test" if bundled else "all"),
             "model": info.name, "model_fingerprint": info.fingerprint, "dtype": str(info.dtype).removeprefix("torch."),
             "prompt_style": style, "limit": args.limit,
             "adapter": None if info.adapter is None else str(info.adapter.path),
-            "sample": args.sample, "ranker": args.ranker, "prior": args.prior, "fused_weights": weights.as_dict()}
+            "sample": args.sample, "ranker": ranker, "ranker_asked": args.ranker, "prior": args.prior,
+            "fused_weights": weights.as_dict()}
     results = evaluate(queries, arms, setup, meta=meta)
     paths = write_results(results, args.output, plots=args.plots)
     for arm, data in results["arms"].items():

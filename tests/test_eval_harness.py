@@ -120,6 +120,31 @@ def test_cli_eval_with_a_model_directory(tmp_path: Path, monkeypatch: pytest.Mon
     assert (tmp_path / "out" / "report.md").is_file() and not (tmp_path / "out" / "accuracy.png").exists()
 
 
+def test_cli_eval_measures_the_default_ranker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: None,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``--ranker auto`` is measured as ``ask`` and ``serve`` answer by default: a model without an adapter ranks by
+    the prior alone, so its engine arm answers exactly as the lexical prior's own arm."""
+    monkeypatch.setenv("TOOLTRIE_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = tmp_path / "model"
+    tiny_model().save_pretrained(model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(BUNDLED_TOKENIZERS_DIR / "smollm2-135m" / name, model_dir / name)
+    queries = tmp_path / "q.jsonl"
+    queries.write_text('{"query": "weather in Oslo", "tools": ["WeatherTool"]}\n'
+                       '{"query": "stock prices and the news", "tools": ["FinanceTool", "NewsTool"]}\n'
+                       '{"query": "find me a job", "tools": ["JobTool"]}\n', encoding="utf-8")
+    code = main(["eval", "--model", str(model_dir), "--dataset", str(queries), "--arms", "engine,lexical",
+                 "--ranker", "auto", "--prior", "lexical", "--prompt-style", "short", "--no-plots",
+                 "-o", str(tmp_path / "out")])
+    assert code == 0
+    capsys.readouterr()
+    results = read_results(tmp_path / "out" / "results.json")
+    assert results["settings"]["ranker"] == "retrieval" and results["settings"]["ranker_asked"] == "auto"
+    answers = [json.loads(line) for line in (tmp_path / "out" / "answers.jsonl").read_text().splitlines()]
+    assert len(answers) == 3
+    assert [a["engine"]["predicted"] for a in answers] == [a["lexical"]["predicted"] for a in answers]
+
+
 def test_the_vllm_arms_load_the_model_the_other_arms_run(catalog_artifact: Artifact, smollm: TokenizerInfo,
                                                           tmp_path: Path) -> None:
     """vLLM loads a directory: the one written holds the model in memory (an adapter merged into it, its dtype),

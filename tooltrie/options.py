@@ -41,12 +41,12 @@ def add_ranker_options(command: argparse.ArgumentParser, *, what: str = "the", d
     """``--ranker``, ``--prior`` and ``--fused-weights`` (names kept in step with ``tooltrie/ranker.py``)."""
     from tooltrie.ranker import DEFAULT_PRIOR, NO_ADAPTER, PRIORS, RANKERS, UNTRAINED
 
-    auto = (" (auto: the model alone on the registry its adapter was trained on, else fused where the prior can be "
+    auto = ("auto: the model alone on the registry its adapter was trained on, else fused where the prior can be "
             "made: lexical always, dense and hybrid where all-MiniLM-L6-v2 is installed; a model without an adapter: "
-            "the prior alone)") if default == "auto" else ""
-    command.add_argument("--ranker", choices=("auto", *RANKERS) if default == "auto" else RANKERS, default=default,
-                         help=f"what {what} answers rank by: the model, retrieval (the prior alone) or "
-                              f"both fused inside the decode (default: {default}{auto})")
+            "the prior alone")
+    command.add_argument("--ranker", choices=("auto", *RANKERS), default=default,
+                         help=f"what {what} answers rank by: the model, retrieval (the prior alone), both fused "
+                              f"inside the decode, or {auto} (default: {default})")
     command.add_argument("--prior", choices=PRIORS, default=DEFAULT_PRIOR,
                          help="the retrieval prior: dense (all-MiniLM-L6-v2 similarity), lexical (BM25 over the "
                               "words inside the tools' names and text) or hybrid (both; default: "
