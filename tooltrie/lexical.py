@@ -37,12 +37,20 @@ from tooltrie.registry.model import Registry, Tool
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["BM25_PARAMETERS", "STOPWORDS", "VERSION", "LexicalIndex", "identifier_words", "tool_words"]
+__all__ = ["BM25_PARAMETERS", "FIELDS", "FIELD_WEIGHTS", "STOPWORDS", "VERSION", "LexicalIndex", "identifier_words",
+           "tool_words"]
 
 # Bumped whenever the words or the scoring change, so that a kept index of an older kind is built afresh.
-VERSION = "1"
+VERSION = "2"
 # Lucene's BM25 with its usual constants (bm25s's defaults).
 BM25_PARAMETERS: dict[str, Any] = {"k1": 1.5, "b": 0.75, "method": "lucene"}
+# A tool's fields, in the order its texts are read: its name; its description; its parameters' names, descriptions
+# and enum values.
+FIELDS = ("name", "description", "parameters")
+# How many times each field's words count in a tool's document: BM25 over the words repeated (a name's word at 3 is
+# three occurrences, in the tool's length too: one length normalisation over the weighted fields, BM25F's simple
+# form); 0 leaves the field out. Whole numbers, so the index stays bm25s's own over repeated words.
+FIELD_WEIGHTS: dict[str, int] = {"name": 1, "description": 1, "parameters": 1}
 # Lucene's English stop words (bm25s ships them): words that say nothing about which tool is meant.
 STOPWORDS = frozenset(("a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it",
                        "no", "not", "of", "on", "or", "such", "that", "the", "their", "then", "there", "these", "they",
@@ -132,54 +140,73 @@ class _Memo(dict[str, _Value]):
         return value
 
 
-def _tool_texts(tool: Tool) -> list[str]:
-    """A tool's name, description, and its parameters' names, descriptions and enum values."""
-    texts = [tool.name, tool.description]
+def _tool_texts(tool: Tool, fields: dict[str, int]) -> list[tuple[str, int]]:
+    """A tool's name, description, and its parameters' names, descriptions and enum values, each with its field's
+    weight; a field weighted 0 is left out."""
+    texts = [(tool.name, fields["name"]), (tool.description, fields["description"])]
     for parameter in tool.parameters:
-        texts += [parameter.name, parameter.description, *parameter.values]
-    return texts
+        texts += [(text, fields["parameters"]) for text in (parameter.name, parameter.description, *parameter.values)]
+    return [(text, weight) for text, weight in texts if weight > 0]
 
 
-def tool_words(tool: Tool) -> list[str]:
+def _check_fields(fields: dict[str, int] | None) -> dict[str, int]:
+    """``fields`` (None: ``FIELD_WEIGHTS``), each of ``FIELDS`` a whole number, none negative."""
+    fields = dict(FIELD_WEIGHTS if fields is None else fields)
+    if sorted(fields) != sorted(FIELDS) or not all(type(w) is int and w >= 0 for w in fields.values()):
+        raise ValueError(f"field weights must give each of {', '.join(FIELDS)} a whole number >= 0, got {fields}")
+    return fields
+
+
+def tool_words(tool: Tool, *, fields: dict[str, int] | None = None) -> list[str]:
     """What BM25 reads of a tool: its name, description, parameters (names, descriptions, enum values), each split
-    by ``identifier_words``, stop words left out.
+    by ``identifier_words``, stop words left out, each field's words repeated its weight's times (``fields``; None:
+    ``FIELD_WEIGHTS``).
 
     >>> from tooltrie.registry.model import Parameter
-    >>> tool_words(Tool("getWeather", "The forecast for a city.", "x", parameters=(Parameter("unit", values=("C",)),)))
+    >>> tool = Tool("getWeather", "The forecast for a city.", "x", parameters=(Parameter("unit", values=("C",)),))
+    >>> tool_words(tool, fields={"name": 1, "description": 1, "parameters": 1})
     ['get', 'weather', 'forecast', 'city', 'unit', 'c']
+    >>> tool_words(tool, fields={"name": 2, "description": 1, "parameters": 0})
+    ['get', 'weather', 'get', 'weather', 'forecast', 'city']
     """
-    return [word for text in _tool_texts(tool) for word in _split(text, _content_words)]
+    return [word for text, weight in _tool_texts(tool, _check_fields(fields))
+            for word in list(_split(text, _content_words)) * weight]
 
 
-def _tool_word_ids(tools: Sequence[Tool]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], dict[str, int]]:
-    """``tool_words`` of every tool as one array of word ids (numbered in order of first appearance), the tool of
-    each, and the vocabulary. Each distinct text is split once, each distinct run of letters and digits in it once."""
+def _tool_word_ids(tools: Sequence[Tool], fields: dict[str, int]) -> tuple[
+        npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], dict[str, int]]:
+    """``tool_words`` of every tool as one array of word ids (numbered in order of first appearance, each word once
+    where it occurs), the tool of each, its field's weight (how many times it counts), and the vocabulary. Each
+    distinct text is split once, each distinct run of letters and digits in it once."""
     vocabulary: _Memo[int] = _Memo(lambda word: len(vocabulary))  # a new word's id: the next one
     chunk_ids = _Memo(lambda chunk: tuple(map(vocabulary.__getitem__, _content_words(chunk))))
     text_ids = _Memo(lambda text: tuple(_split(text, chunk_ids.__getitem__)))
-    texts = [_tool_texts(tool) for tool in tools]
-    ids_of_texts = list(map(text_ids.__getitem__, chain.from_iterable(texts)))
+    texts = [_tool_texts(tool, fields) for tool in tools]
+    flat = list(chain.from_iterable(texts))
+    ids_of_texts = [text_ids[text] for text, _ in flat]
     text_lengths = np.fromiter(map(len, ids_of_texts), dtype=np.int64, count=len(ids_of_texts))
+    text_weights = np.fromiter((weight for _, weight in flat), dtype=np.int64, count=len(flat))
     text_tools = np.repeat(np.arange(len(texts)), np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)))
     ids = np.fromiter(chain.from_iterable(ids_of_texts), dtype=np.int64, count=int(text_lengths.sum()))
-    return ids, np.repeat(text_tools, text_lengths), dict(vocabulary)
+    return ids, np.repeat(text_tools, text_lengths), np.repeat(text_weights, text_lengths), dict(vocabulary)
 
 
-def _bm25_matrix(ids: npt.NDArray[np.int64], tools: npt.NDArray[np.int64], n_tools: int,
-                 n_words: int) -> dict[str, npt.NDArray[Any]]:
+def _bm25_matrix(ids: npt.NDArray[np.int64], tools: npt.NDArray[np.int64], weights: npt.NDArray[np.int64],
+                 n_tools: int, n_words: int, *, k1: float, b: float) -> dict[str, npt.NDArray[Any]]:
     """bm25s's index (``BM25.build_index_from_ids``: a word-by-tool CSC matrix of Lucene BM25 scores) of the words
-    ``ids`` of ``tools``, computed with whole arrays where bm25s loops over the tools in Python (most of the build's
-    time at 100,000 tools). The same operations in the same precision, so the same float32 scores, bit for bit
-    (``tests/test_lexical.py`` compares it with bm25s's own)."""
-    pairs, counts = np.unique(ids * n_tools + tools, return_counts=True)  # sorted by word, then tool: CSC order
+    ``ids`` of ``tools``, each counted ``weights`` times (as if repeated), computed with whole arrays where bm25s
+    loops over the tools in Python (most of the build's time at 100,000 tools). The same operations in the same
+    precision, so the same float32 scores, bit for bit (``tests/test_lexical.py`` compares it with bm25s's own over
+    the repeated words)."""
+    pairs, inverse = np.unique(ids * n_tools + tools, return_inverse=True)  # sorted by word, then tool: CSC order
+    counts = np.bincount(inverse.ravel(), weights=weights, minlength=len(pairs))
     word, tool = np.divmod(pairs, n_tools)
     frequencies = np.bincount(word, minlength=n_words)  # tools per word
     # idf with math.log (not np.log, which may differ in the last bit), float64 rounded to float32 as bm25s does
     distinct, where = np.unique(frequencies, return_inverse=True)
     idf_of = np.array([math.log(1 + (n_tools - df + 0.5) / (df + 0.5)) for df in distinct.tolist()], np.float64)
     idf = idf_of.astype(np.float32)[where]
-    lengths = np.bincount(tools, minlength=n_tools)
-    k1, b = BM25_PARAMETERS["k1"], BM25_PARAMETERS["b"]
+    lengths = np.bincount(tools, weights=weights, minlength=n_tools).astype(np.int64)
     # bm25s's _score_tfc_robertson: tf (float32) / (k1 * ((1 - b) + b * l_d / l_avg) + tf), in float64
     tf = counts.astype(np.float32)
     tfc = tf / (k1 * ((1 - b) + b * lengths[tool] / lengths.mean()) + tf)
@@ -191,12 +218,15 @@ def _bm25_matrix(ids: npt.NDArray[np.int64], tools: npt.NDArray[np.int64], n_too
 class LexicalIndex:
     """BM25 scores of a registry's tools for a query (``scores``): one float per tool, 0 where no word matches."""
 
-    def __init__(self, vocabulary: dict[str, int], matrix: dict[str, npt.NDArray[Any]], n_tools: int) -> None:
+    def __init__(self, vocabulary: dict[str, int], matrix: dict[str, npt.NDArray[Any]], n_tools: int,
+                 settings: dict[str, Any] | None = None) -> None:
         """A bm25s index of ``n_tools`` tools from its ``vocabulary`` and its CSC ``matrix`` (data, indices, indptr;
-        empty when the vocabulary is: a registry of wordless names, where every query's words are unknown)."""
+        empty when the vocabulary is: a registry of wordless names, where every query's words are unknown);
+        ``settings`` what it was built with (None: the defaults, ``_settings()``)."""
         import bm25s
 
-        self._bm25, self.n_tools = bm25s.BM25(**BM25_PARAMETERS), n_tools
+        self.settings = _settings() if settings is None else settings
+        self._bm25, self.n_tools = bm25s.BM25(**self.settings["bm25"]), n_tools
         self._bm25.vocab_dict = vocabulary
         if vocabulary:  # what bm25s.BM25.index leaves (and BM25.load restores)
             self._bm25.scores = {**matrix, "num_docs": n_tools}
@@ -204,11 +234,16 @@ class LexicalIndex:
             self._bm25.unique_token_ids_set = set(vocabulary.values())
 
     @classmethod
-    def build(cls, registry: Registry) -> LexicalIndex:
-        """Index ``registry``'s tools (``tool_words``): bm25s's own index of them, built with whole arrays."""
-        ids, tools, vocabulary = _tool_word_ids(registry.tools)
-        return cls(vocabulary, _bm25_matrix(ids, tools, len(registry), len(vocabulary)) if vocabulary else {},
-                   len(registry))
+    def build(cls, registry: Registry, *, k1: float | None = None, b: float | None = None,
+              fields: dict[str, int] | None = None) -> LexicalIndex:
+        """Index ``registry``'s tools (``tool_words``): bm25s's own index of them, built with whole arrays. ``k1``,
+        ``b``, ``fields``: BM25's constants and the field weights (None: ``BM25_PARAMETERS``'s, ``FIELD_WEIGHTS``)."""
+        settings = _settings(k1=k1, b=b, fields=fields)
+        ids, tools, weights, vocabulary = _tool_word_ids(registry.tools, settings["fields"])
+        bm25 = settings["bm25"]
+        matrix = _bm25_matrix(ids, tools, weights, len(registry), len(vocabulary), k1=bm25["k1"],
+                              b=bm25["b"]) if vocabulary else {}
+        return cls(vocabulary, matrix, len(registry), settings)
 
     def scores(self, query: str) -> npt.NDArray[np.float32]:
         """[tools] BM25 scores of ``query``'s words (``identifier_words``, stop words out); all 0 for a query with no
@@ -247,7 +282,7 @@ class LexicalIndex:
             bm25.vocab_dict) else {"data": np.zeros(0, dtype=np.float32)}
         write_atomically(path, save(arrays, metadata={
             "registry_sha256": registry_sha256, "version": VERSION, "tools": str(self.n_tools),
-            "parameters": json.dumps(BM25_PARAMETERS), "vocabulary": json.dumps(bm25.vocab_dict)}))
+            "parameters": json.dumps(self.settings), "vocabulary": json.dumps(bm25.vocab_dict)}))
 
     @classmethod
     def _read(cls, path: Path, registry: Registry) -> LexicalIndex | None:
@@ -259,7 +294,7 @@ class LexicalIndex:
             with safe_open(str(path), framework="numpy") as f:
                 meta = f.metadata() or {}
                 if (meta.get("registry_sha256") != registry.sha256 or meta.get("version") != VERSION
-                        or meta.get("parameters") != json.dumps(BM25_PARAMETERS)
+                        or meta.get("parameters") != json.dumps(_settings())
                         or meta.get("tools") != str(len(registry))):
                     return None  # another registry version or another kind of index: built afresh
                 vocabulary = json.loads(meta["vocabulary"])
@@ -270,6 +305,14 @@ class LexicalIndex:
                                                 path, exc)
             return None
         return cls(vocabulary, matrix, len(registry))
+
+
+def _settings(*, k1: float | None = None, b: float | None = None,
+              fields: dict[str, int] | None = None) -> dict[str, Any]:
+    """What an index is built with: bm25s's parameters (``BM25_PARAMETERS`` less what is given) and the field
+    weights; what a kept index's file records, and must match to be read back."""
+    bm25 = {**BM25_PARAMETERS, **({} if k1 is None else {"k1": float(k1)}), **({} if b is None else {"b": float(b)})}
+    return {"bm25": bm25, "fields": _check_fields(fields)}
 
 
 def _check_index(vocabulary: Any, matrix: dict[str, npt.NDArray[Any]], n_tools: int) -> None:
