@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ CONSTANT_MEMORY_BUDGET = 60 * 1024
 _HEADER_KEY = "tooltrie"
 # safetensors refuses a header over 100,000,000 bytes; ours is all of it but the arrays' few hundred bytes.
 HEADER_LIMIT = 99_000_000
+TRIE_ARRAYS = sorted(field.name for field in fields(CompiledTrie))  # what a file holds besides its header
 
 
 def arrays_sha256(arrays: dict[str, Any]) -> str:
@@ -155,25 +156,25 @@ class Artifact:
     @classmethod
     def load(cls, path: str | Path, *, tokenizer: TokenizerInfo | None = None, registry: Registry | None = None,
              contract: Contract | None = None) -> Artifact:
-        """Read and check an artifact; with ``tokenizer``/``registry``/``contract`` given, refuse a mismatch."""
+        """Read and check an artifact; with ``tokenizer``/``registry``/``contract`` given, refuse a mismatch.
+
+        The header is read and checked (format, version, checksum, the arrays' names) before any array
+        is: a file that is not an artifact costs its header, not its tensors."""
         path = Path(path)
         try:
             with safe_open(str(path), framework="np") as handle:
-                metadata = handle.metadata() or {}
-                arrays = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+                header = _checked_header(handle.metadata() or {}, path)
+                names = list(handle.keys())
+                missing = sorted(set(TRIE_ARRAYS) - set(names))
+                if missing:
+                    raise ArtifactError(f"{path}: missing trie arrays: {missing}")
+                arrays = {name: handle.get_tensor(name) for name in names}
+        except ArtifactError:
+            raise
         except FileNotFoundError:
             raise ArtifactError(f"{path}: artifact not found") from None
         except (SafetensorError, OSError, ValueError) as exc:
             raise ArtifactError(f"{path}: not a readable tooltrie artifact (truncated or corrupt?): {exc}") from None
-        try:
-            header = json.loads(metadata[_HEADER_KEY])
-        except (KeyError, json.JSONDecodeError):
-            raise ArtifactError(f"{path}: safetensors file without a tooltrie header") from None
-        if not isinstance(header, dict):
-            raise ArtifactError(f"{path}: the tooltrie header is not a JSON object")
-        if "arrays_sha256" not in header:
-            raise ArtifactError(f"{path}: the header has no checksum of the trie arrays (written by an older "
-                                "tooltrie?); recompile the registry")
         if header["arrays_sha256"] != arrays_sha256(arrays):
             raise ArtifactError(f"{path}: the trie arrays do not match the checksum in the header (corrupt file?)")
         artifact = cls._from_header(header, arrays, path)
@@ -182,9 +183,6 @@ class Artifact:
 
     @classmethod
     def _from_header(cls, header: dict[str, Any], arrays: dict[str, Any], path: Path) -> Artifact:
-        if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
-            raise ArtifactError(f"{path}: format {header.get('format')!r} version {header.get('format_version')!r}, "
-                                f"expected {FORMAT!r} version {FORMAT_VERSION}")
         try:
             reg = header["registry"]
             registry = make_registry(reg["tools"], name=reg["name"], source=reg["source"])
@@ -235,6 +233,24 @@ class Artifact:
             edges = self.trie.tool_path(int(self.trie.phase_trie[phase]), index[name])
             ids += self.trie.edge_token[edges].tolist()
         return ids
+
+
+def _checked_header(metadata: dict[str, str], path: Path) -> dict[str, Any]:
+    """The tooltrie header of a safetensors file's metadata, checked as far as it can be without the arrays: a JSON
+    object of this format and version, with the arrays' checksum."""
+    try:
+        header = json.loads(metadata[_HEADER_KEY])
+    except (KeyError, json.JSONDecodeError):
+        raise ArtifactError(f"{path}: safetensors file without a tooltrie header") from None
+    if not isinstance(header, dict):
+        raise ArtifactError(f"{path}: the tooltrie header is not a JSON object")
+    if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"{path}: format {header.get('format')!r} version {header.get('format_version')!r}, "
+                            f"expected {FORMAT!r} version {FORMAT_VERSION}")
+    if not isinstance(header.get("arrays_sha256"), str):
+        raise ArtifactError(f"{path}: the header has no checksum of the trie arrays (written by an older "
+                            "tooltrie?); recompile the registry")
+    return header
 
 
 def write_atomically(path: str | Path, blob: bytes) -> Path:

@@ -19,10 +19,12 @@ constrained and plain rows. A token the mask did not allow (another stage overro
 state: from then on only the stop token is allowed, so the request ends with an answer ``parse`` scores as invalid,
 never an exception in vLLM's loop.
 
-A request opts in with ``SamplingParams(extra_args=request_args(artifact_path, k))`` (or the flat form,
-``request_args(..., flat=True)``, which vLLM's OpenAI server carries in ``vllm_xargs``); the artifact is loaded once
-per path and process. Requests without it are left alone, so one ``LLM`` serves constrained, grammar
-(``structured_outputs``) and plain requests side by side. Register with
+A request opts in with ``SamplingParams(extra_args=request_args(artifact, k, tools=...))`` (or the flat form,
+``request_args(..., flat=True)``, which vLLM's OpenAI server carries in ``vllm_xargs``). The processor reads artifacts
+only from one directory set where vLLM starts (``$TOOLTRIE_ARTIFACT_ROOT``; default: the compile cache's ``vllm/``)
+and a request names one by its file name there (``request_args`` given a path copies the file in); ``tools``, tool
+ids, is the subset the answer may use, enforced in the mask. Requests without it are left alone, so one ``LLM``
+serves constrained, grammar (``structured_outputs``) and plain requests side by side. Register with
 ``LLM(model, logits_processors=[processor_class()])`` or by name (``"tooltrie.integrations.vllm:TrieVllmProcessorV1"``).
 Importing this module does not import Numba (``vllm_rows``' docstring says why).
 

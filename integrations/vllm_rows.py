@@ -9,11 +9,18 @@ kernel overrides, and llvmlite's ffi wrappers break that scan. The kernels are i
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import operator
 import os
-from collections.abc import Sequence
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from stat import S_ISREG
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,6 +28,7 @@ import numpy.typing as npt
 import torch
 
 from tooltrie.compiler.artifact import Artifact
+from tooltrie.errors import ArtifactError
 
 if TYPE_CHECKING:
     from tooltrie.kernels.batch import TrieBatch
@@ -30,71 +38,212 @@ EXTRA_ARGS_KEY = "tooltrie"
 # them, no dicts) into ``extra_args`` as they are.
 FLAT_ARTIFACT_KEY = "tooltrie_artifact"
 FLAT_K_KEY = "tooltrie_k"
+FLAT_TOOLS_KEY = "tooltrie_tools"
+FLAT_KEYS = {FLAT_ARTIFACT_KEY: "artifact", FLAT_K_KEY: "k", FLAT_TOOLS_KEY: "tools"}
 FLAT_PREFIX = "tooltrie_"  # any other key with it is a typo, refused rather than silently unconstrained
+
+# The one directory vLLM's processor reads artifacts from, set where vLLM starts; a request names a file in it.
+# Unset: the compile cache's ``vllm/`` (``$TOOLTRIE_CACHE_DIR/vllm``), where ``serve --vllm-url`` writes by default.
+ROOT_ENV = "TOOLTRIE_ARTIFACT_ROOT"
+# An artifact's name: one file name, no separator, not starting with a dot (so neither ``..`` nor a hidden file);
+# 200 characters leave room under the 255 bytes most file systems allow.
+ARTIFACT_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
+# Loaded artifacts kept by name (each a few MB at 10,000 tools), and how long a name that failed stays failed without
+# another look at the file system (a client repeating a bad name costs a dict lookup).
+LOADED_ARTIFACTS = 8
+FAILED_TTL_S = 5.0
+FAILED_NAMES = 1024
 
 
 @dataclass(frozen=True)
 class RequestArgs:
-    artifact: str
+    artifact: str  # the artifact's name in the root
     k: int
     thinking_budget: bool = False  # vLLM forces the end of its thinking: it writes into the logits after us
+    tools: tuple[int, ...] | None = None  # the tools the answer may use (ascending ids); None: all
 
 
-def request_args(artifact_path: str | os.PathLike[str], k: int, *, flat: bool = False) -> dict[str, Any]:
-    """``SamplingParams.extra_args`` that ask for an answer of exactly ``k`` tools under the artifact at the path;
-    ``flat``: as two top-level keys, the form vLLM's OpenAI server can carry in a request's ``vllm_xargs``.
+def artifact_root() -> Path:
+    """The directory artifacts are read from: ``$TOOLTRIE_ARTIFACT_ROOT``, else the compile cache's ``vllm/``."""
+    configured = os.environ.get(ROOT_ENV)
+    if configured:
+        return Path(configured)
+    from tooltrie.compiler.cache import default_cache_dir
+
+    return default_cache_dir() / "vllm"
+
+
+def request_args(artifact: str | os.PathLike[str], k: int, *, tools: Collection[int] | None = None,
+                 flat: bool = False) -> dict[str, Any]:
+    """``SamplingParams.extra_args`` that ask for an answer of exactly ``k`` tools (of ``tools``, tool ids, if
+    given) under an artifact; ``flat``: as top-level keys, the form vLLM's OpenAI server can carry in a request's
+    ``vllm_xargs``. ``artifact`` is a name in the processor's root (a string without a separator), or a file
+    (a path), which is then copied there under its content's name (:func:`publish_artifact`) and named.
 
     >>> request_args("catalog.trie.safetensors", 2)
     {'tooltrie': {'artifact': 'catalog.trie.safetensors', 'k': 2}}
-    >>> request_args("catalog.trie.safetensors", 2, flat=True)
-    {'tooltrie_artifact': 'catalog.trie.safetensors', 'tooltrie_k': 2}
+    >>> request_args("catalog.trie.safetensors", 2, tools=[7, 3, 5], flat=True)
+    {'tooltrie_artifact': 'catalog.trie.safetensors', 'tooltrie_k': 2, 'tooltrie_tools': [3, 5, 7]}
     """
+    name = artifact if isinstance(artifact, str) and os.sep not in artifact else publish_artifact(artifact)
+    args: dict[str, Any] = {"artifact": name, "k": int(k)}
+    if tools is not None:
+        args["tools"] = sorted(int(tool) for tool in tools)
     if flat:
-        return {FLAT_ARTIFACT_KEY: os.fspath(artifact_path), FLAT_K_KEY: int(k)}
-    return {EXTRA_ARGS_KEY: {"artifact": os.fspath(artifact_path), "k": int(k)}}
+        return {flat_key: args[key] for flat_key, key in FLAT_KEYS.items() if key in args}
+    return {EXTRA_ARGS_KEY: args}
+
+
+def publish_artifact(path: str | os.PathLike[str], *, root: Path | None = None) -> str:
+    """The name, in ``root`` (default: :func:`artifact_root`), of the artifact file at ``path``: its own name if it
+    is a file of the root, else a copy written there (atomically, once) named by its content."""
+    root = artifact_root() if root is None else root
+    real = Path(os.path.realpath(path))
+    if real.parent == Path(os.path.realpath(root)) and ARTIFACT_NAME.fullmatch(real.name):
+        return real.name
+    stat = real.stat()
+    return _published(str(real), str(root), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _published(path: str, root: str, inode: int, size: int, mtime_ns: int) -> str:
+    blob = Path(path).read_bytes()
+    stem = re.sub(r"[^A-Za-z0-9_-]", "_", Path(path).name.split(".")[0])[:64] or "artifact"
+    name = f"{stem}-{hashlib.sha256(blob).hexdigest()[:16]}.trie.safetensors"
+    target = Path(root) / name
+    if not target.is_file():
+        from tooltrie.compiler.artifact import write_atomically
+
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(target, blob)
+    return name
 
 
 def parse_request_args(params: Any) -> RequestArgs | None:
-    """The request's tooltrie arguments, nested (``{"tooltrie": {"artifact", "k"}}``) or flat (``tooltrie_artifact``
-    and ``tooltrie_k``), or None if it did not ask for the constraint; ``ValueError`` (which vLLM turns into a refused
-    request) when they are malformed or do not fit the artifact."""
+    """The request's tooltrie arguments, nested (``{"tooltrie": {"artifact", "k", "tools"}}``) or flat
+    (``tooltrie_artifact``, ``tooltrie_k``, ``tooltrie_tools``), or None if it did not ask for the constraint;
+    ``ValueError`` (which vLLM turns into a refused request) when they are malformed, name no artifact of the root
+    or do not fit it."""
     extra = params.extra_args or {}
     flat_keys = sorted(key for key in extra if isinstance(key, str) and key.startswith(FLAT_PREFIX))
+    flat_form = ", ".join(map(repr, FLAT_KEYS))
     if EXTRA_ARGS_KEY in extra:
         if flat_keys:
-            raise ValueError(f"extra_args: give either {EXTRA_ARGS_KEY!r} or {FLAT_ARTIFACT_KEY!r} and "
-                             f"{FLAT_K_KEY!r}, not both (got {EXTRA_ARGS_KEY!r} and {', '.join(flat_keys)})")
+            raise ValueError(f"extra_args: give either {EXTRA_ARGS_KEY!r} or the flat keys ({flat_form}), not both "
+                             f"(got {EXTRA_ARGS_KEY!r} and {', '.join(flat_keys)})")
         where, args = f"extra_args[{EXTRA_ARGS_KEY!r}]", extra[EXTRA_ARGS_KEY]
-        form = "{'artifact': path, 'k': int}"
-        if not isinstance(args, dict):
-            raise ValueError(f"{where} must be {form}, got {args!r}")
-        artifact, k = args.get("artifact"), args.get("k")
+        form = "{'artifact': name, 'k': int, 'tools': [int, ...] (optional)}"
+        if not isinstance(args, dict) or set(args) - set(FLAT_KEYS.values()):
+            raise ValueError(f"{where} must be {form}, got {_shown(args)}")
     elif flat_keys:
-        unknown = [key for key in flat_keys if key not in (FLAT_ARTIFACT_KEY, FLAT_K_KEY)]
+        unknown = [key for key in flat_keys if key not in FLAT_KEYS]
         if unknown:
-            raise ValueError(f"extra_args: unknown key {unknown[0]!r} (the flat form is {FLAT_ARTIFACT_KEY!r} and "
-                             f"{FLAT_K_KEY!r})")
-        where, form = "extra_args", f"{{{FLAT_ARTIFACT_KEY!r}: path, {FLAT_K_KEY!r}: int}}"
-        args = {key: extra[key] for key in flat_keys}
-        artifact, k = extra.get(FLAT_ARTIFACT_KEY), extra.get(FLAT_K_KEY)
+            raise ValueError(f"extra_args: unknown key {unknown[0]!r} (the flat form is {flat_form})")
+        where = "extra_args"
+        form = f"{{{FLAT_ARTIFACT_KEY!r}: name, {FLAT_K_KEY!r}: int, {FLAT_TOOLS_KEY!r}: [int, ...] (optional)}}"
+        args = {FLAT_KEYS[key]: extra[key] for key in flat_keys}
     else:
         return None
-    if not isinstance(artifact, str) or type(k) is not int:
-        raise ValueError(f"{where} must be {form}, got {args!r}")
-    from tooltrie.kernels.state import check_k  # not at import: see the module's docstring
+    artifact, k, tools = args.get("artifact"), args.get("k"), args.get("tools")
+    if not isinstance(artifact, str) or type(k) is not int or not (
+            tools is None or (isinstance(tools, list) and all(type(tool) is int for tool in tools))):
+        raise ValueError(f"{where} must be {form}, got {_shown(args)}")
+    from tooltrie.kernels.state import check_k, check_subset  # not at import: see the module's docstring
 
-    check_k(k, load_artifact(artifact).trie.n_tools, where=where)
+    loaded = load_artifact(artifact, where=where)
+    check_k(k, loaded.trie.n_tools, where=where)
+    subset = None
+    if tools is not None:
+        subset = tuple(sorted(set(tools)))
+        if len(subset) != len(tools):
+            raise ValueError(f"{where}: 'tools' names a tool more than once")
+        check_subset(loaded, subset, k, where=f"{where}: tools")
     budgeted = getattr(params, "thinking_token_budget", None) is not None
-    return RequestArgs(artifact=artifact, k=k, thinking_budget=budgeted)
+    return RequestArgs(artifact=artifact, k=k, thinking_budget=budgeted, tools=subset)
 
 
-@functools.lru_cache(maxsize=8)
-def load_artifact(path: str) -> Artifact:
-    return Artifact.load(path)
+def _shown(value: Any) -> str:
+    """A client's value in an error, cut short."""
+    text = repr(value)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+class ArtifactNames:
+    """The artifacts of one root, by name: loaded on first use (the header checked before any array is read),
+    the last ``LOADED_ARTIFACTS`` kept, a failed name remembered for ``FAILED_TTL_S``. What is refused never shows
+    the file system: a name that is not a plain file name, that is not a file of the root, or that leads out of it
+    (a link) is the same "unknown artifact name"."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loaded: OrderedDict[tuple[str, str], tuple[tuple[int, int, int], Artifact]] = OrderedDict()
+        self._failed: OrderedDict[tuple[str, str], tuple[float, str]] = OrderedDict()
+        self.loads = 0  # files read, failed or not (tests count them)
+
+    def load(self, name: str, *, root: Path | None = None, where: str = "request") -> Artifact:
+        root_path = os.path.realpath(artifact_root() if root is None else root)
+        key = (root_path, name)
+        with self._lock:
+            failed = self._failed.get(key)
+            if failed is not None and failed[0] > time.monotonic():
+                raise ValueError(f"{where}: {failed[1]}")
+            try:
+                path, identity = self._find(root_path, name)
+            except ValueError as exc:
+                return self._fail(key, str(exc), where)
+            kept = self._loaded.get(key)
+            if kept is not None and kept[0] == identity:
+                self._loaded.move_to_end(key)
+                return kept[1]
+            self.loads += 1
+            try:
+                artifact = Artifact.load(path)
+            except ArtifactError as exc:  # its message starts with the path: told by name instead
+                reason = str(exc).removeprefix(f"{path}: ")
+                return self._fail(key, f"artifact {name!r} cannot be used: {reason}", where)
+            self._loaded[key] = (identity, artifact)
+            self._failed.pop(key, None)
+            while len(self._loaded) > LOADED_ARTIFACTS:
+                self._loaded.popitem(last=False)
+            return artifact
+
+    @staticmethod
+    def _find(root: str, name: str) -> tuple[str, tuple[int, int, int]]:
+        unknown = ValueError(f"unknown artifact name {_shown(name)} (a file name in the processor's artifact root, "
+                             f"${ROOT_ENV})")
+        if not ARTIFACT_NAME.fullmatch(name):
+            raise unknown
+        path = os.path.realpath(os.path.join(root, name))
+        try:
+            stat = os.stat(path)
+        except OSError:
+            raise unknown from None
+        if os.path.dirname(path) != root or not S_ISREG(stat.st_mode):
+            raise unknown
+        return path, (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+    def _fail(self, key: tuple[str, str], message: str, where: str) -> Any:
+        self._failed[key] = (time.monotonic() + FAILED_TTL_S, message)
+        self._failed.move_to_end(key)
+        while len(self._failed) > FAILED_NAMES:
+            self._failed.popitem(last=False)
+        raise ValueError(f"{where}: {message}")
+
+
+ARTIFACTS = ArtifactNames()
+
+
+def load_artifact(name: str, *, where: str = "request") -> Artifact:
+    """The artifact named ``name`` in the root (:class:`ArtifactNames`); ``ValueError`` if there is none."""
+    return ARTIFACTS.load(name, where=where)
 
 
 # Async scheduling (vLLM on GPUs) appends this to a request's output list for a token sampled but not yet copied
-# back to the host; vLLM writes the real id over it before the next sampling step.
+# back to the host. With a custom logits processor vLLM writes the real id over it before the sampler runs the
+# processors (V1 runner: ``InputBatch.update_async_output_token_ids`` in ``_sample``, since custom processors make it
+# keep output ids): ``apply`` never sees one. If it does, the row's position is unknown: the placeholder is accepted
+# as the token it is, one no grammar allows, and fails the row (only stop then) rather than masking for the previous
+# position.
 PLACEHOLDER = -1
 
 # A CPU step either masks the constrained rows in place (writing -inf over every illegal logit) or returns a buffer
@@ -102,12 +251,20 @@ PLACEHOLDER = -1
 # shared 2-core AMD EPYC VM with a 49,152-token vocabulary: copying a plain row costs about what the buffer saves on
 # 16 constrained rows, so the buffer is used only where plain rows are at most 1/16 of the constrained ones.
 PLAIN_ROW_COST = 16
+# Batch states kept for artifacts none of whose rows is live (the least recently used go first): a request for one of
+# them again does not rebuild it. Each holds a copy of its artifact's counts (an int32 per edge) per row of capacity.
+IDLE_ARTIFACT_STATES = 8
 
 
 class ArtifactRows:
     """The rows of vLLM's batch that carry our arguments: one ``TrieBatch`` per artifact, whose rows keep vLLM's
     row numbers (V1 batch indices, V2 slots). ``fed[row]`` counts the output tokens the row has accepted (0 for rows
-    that are not ours)."""
+    that are not ours).
+
+    A step visits only the artifacts that have rows (``live``: artifact name -> its number of rows); the states of
+    artifacts left without rows are kept for the next request that names one (``idle``, least recently used first),
+    at most ``IDLE_ARTIFACT_STATES`` of them: however many artifacts a long-running vLLM has served, it holds the
+    states of its live ones and a few more."""
 
     def __init__(self, device: torch.device | str | None) -> None:
         from tooltrie.kernels.cpu import LegalLogits  # not at import: see the module's docstring
@@ -127,6 +284,9 @@ class ArtifactRows:
         # Per artifact, vLLM row -> its batch row (the same number; -1: not this artifact's), with one more entry,
         # -1, at the end, so that row -1 (NumPy's last entry) maps to -1: a step maps its rows with one gather.
         self.owners: dict[str, npt.NDArray[np.int32]] = {}
+        self.live: dict[str, int] = {}
+        self.idle: OrderedDict[str, None] = OrderedDict()
+        self.visited = 0  # artifact states a step has visited, summed over steps (tests count them)
 
     def __contains__(self, row: int) -> bool:
         return row in self.args
@@ -136,20 +296,25 @@ class ArtifactRows:
         from tooltrie.kernels.batch import TrieBatch
 
         self.remove(row)
-        batch = self.batches.get(args.artifact)
+        name = args.artifact
+        artifact = load_artifact(name)
+        batch = self.batches.get(name)
+        if batch is not None and batch.artifact is not artifact and not self.live.get(name):
+            self._drop(name)  # the file under that name changed since: a state for the new one
+            batch = None
         if batch is None:
-            batch = self.batches[args.artifact] = TrieBatch(load_artifact(args.artifact), backend=self.backend,
-                                                            capacity=max(16, row + 1))
-            self.owners[args.artifact] = np.full(len(self.fed) + 1, -1, dtype=np.int32)
-        batch.add(row, args.k)
+            batch = self.batches[name] = TrieBatch(artifact, backend=self.backend, capacity=max(16, row + 1))
+            self.owners[name] = np.full(len(self.fed) + 1, -1, dtype=np.int32)
+            self.idle[name] = None  # until its first row is set (below), as any state without rows
+        batch.add(row, args.k, subset=args.tools)
         self._set(row, args, 0, self.next_serial)
         self.next_serial += 1
 
     def remove(self, row: int) -> None:
         args = self.args.get(row)
-        self._set(row, None, 0, 0)
         if args is not None:
             self.batches[args.artifact].remove(row)
+        self._set(row, None, 0, 0)
 
     def move(self, source: int, target: int, *, swap: bool) -> None:
         """vLLM moved ``source``'s request to ``target`` (and, with ``swap``, ``target``'s to ``source``)."""
@@ -191,16 +356,17 @@ class ArtifactRows:
         in_place = (self.backend != "cpu" or (len(vllm_rows) - n_constrained) * PLAIN_ROW_COST > n_constrained
                     or bool(self.budgeted[vllm_rows[constrained]].any()))
         bitmask = None if in_place else np.empty(get_bitmask_shape(*logits.shape), dtype=np.int32)
-        for path, owner in self.owners.items():
-            mine = owner[vllm_rows]  # -1 stays -1: an owner table ends with -1
+        for name in self.live:
+            self.visited += 1
+            mine = self.owners[name][vllm_rows]  # -1 stays -1: an owner table ends with -1
             ours = mine >= 0
             if ours.any():
                 self.fed[mine[ours]] += lengths[ours]
-                self.batches[path].accept(tokens, mine, lengths=lengths)
+                self.batches[name].accept(tokens, mine, lengths=lengths)
                 if bitmask is None:
-                    self.batches[path].mask_logits_(logits, mine)
+                    self.batches[name].mask_logits_(logits, mine)
                 else:
-                    self.batches[path].fill_bitmask(bitmask, mine)
+                    self.batches[name].fill_bitmask(bitmask, mine)
         if bitmask is None:
             return logits
         if len(self.served) < len(requests):
@@ -212,12 +378,11 @@ class ArtifactRows:
         return masked
 
     def unfed(self, outputs: Sequence[Sequence[int]]) -> list[Sequence[int]]:
-        """Row i's output tokens past those it has accepted, from its whole output list ``outputs[i]``, up to the
-        first ``PLACEHOLDER`` (async scheduling: its token is not known yet; it is accepted once vLLM writes it)."""
+        """Row i's output tokens past those it has accepted, from its whole output list ``outputs[i]`` (a
+        ``PLACEHOLDER`` among them fails the row: see there)."""
         self._grow(len(outputs))
         starts = self.fed[: len(outputs)].tolist()
-        new = map(operator.getitem, outputs, map(slice, starts, itertools.repeat(None)))
-        return [tokens[: tokens.index(PLACEHOLDER)] if PLACEHOLDER in tokens else tokens for tokens in new]
+        return list(map(operator.getitem, outputs, map(slice, starts, itertools.repeat(None))))
 
     def _row(self, row: int) -> tuple[RequestArgs | None, int, int]:
         if row >= len(self.fed):
@@ -227,16 +392,34 @@ class ArtifactRows:
     def _set(self, row: int, args: RequestArgs | None, fed: int, serial: int) -> None:
         """Row ``row`` holds request ``serial`` (``args``' request; None and 0: none of ours), which has accepted
         ``fed`` tokens."""
-        if args is None:
-            self.args.pop(row, None)
-        else:
+        before = self.args.pop(row, None)
+        if args is not None:
             self.args[row] = args
         self._grow(row + 1)
         self.fed[row] = fed
         self.serial[row] = serial
         self.budgeted[row] = args is not None and args.thinking_budget
-        for path, owner in self.owners.items():
-            owner[row] = row if args is not None and args.artifact == path else -1
+        if before is not None:
+            self.owners[before.artifact][row] = -1
+            self._count(before.artifact, -1)
+        if args is not None:
+            self.owners[args.artifact][row] = row
+            self._count(args.artifact, +1)
+
+    def _count(self, name: str, change: int) -> None:
+        """``name`` has ``change`` more rows: live while it has any, else idle (the oldest idle dropped)."""
+        rows = self.live.pop(name, 0) + change
+        if rows > 0:
+            self.live[name] = rows
+            self.idle.pop(name, None)
+            return
+        self.idle[name] = None
+        while len(self.idle) > IDLE_ARTIFACT_STATES:
+            self._drop(next(iter(self.idle)))
+
+    def _drop(self, name: str) -> None:
+        self.idle.pop(name, None)
+        del self.batches[name], self.owners[name]
 
     def _grow(self, size: int) -> None:
         if size > len(self.fed):
@@ -244,5 +427,5 @@ class ArtifactRows:
             self.fed = np.concatenate([self.fed, np.zeros(extra, np.int64)])
             self.serial = np.concatenate([self.serial, np.zeros(extra, np.int64)])
             self.budgeted = np.concatenate([self.budgeted, np.zeros(extra, bool)])
-            for path, owner in self.owners.items():
-                self.owners[path] = np.concatenate([owner, np.full(extra, -1, np.int32)])
+            for name, owner in self.owners.items():
+                self.owners[name] = np.concatenate([owner, np.full(extra, -1, np.int32)])

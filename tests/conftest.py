@@ -68,6 +68,16 @@ def compiled(
     return get
 
 
+@pytest.fixture(scope="session", autouse=True)
+def artifact_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The directory vLLM's processor reads artifacts from (``$TOOLTRIE_ARTIFACT_ROOT``): a temporary one, never the
+    user's cache."""
+    root = tmp_path_factory.mktemp("vllm-artifacts")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TOOLTRIE_ARTIFACT_ROOT", str(root))
+        yield root
+
+
 @pytest.fixture(scope="session")
 def catalog_artifact(compiled: Callable[[str, str], Artifact]) -> Artifact:
     return compiled("catalog", "smollm2-135m")

@@ -15,7 +15,7 @@ from support.serve import small_artifact, tiny_model
 
 from tooltrie.compiler import Artifact, TokenizerInfo
 from tooltrie.integrations.hf import TrieLogitsProcessor
-from tooltrie.integrations.vllm_rows import ArtifactRows, RequestArgs
+from tooltrie.integrations.vllm_rows import ArtifactRows, RequestArgs, publish_artifact
 from tooltrie.kernels import TrieMatcher, allocate_token_bitmask
 from tooltrie.kernels.bitmask import allowed_tokens
 from tooltrie.kernels.rules import Slot, advance, legal_moves
@@ -90,8 +90,10 @@ def artifacts(smollm: TokenizerInfo, catalog_artifact: Artifact) -> dict[str, Ar
 
 @pytest.fixture(scope="module")
 def paths(artifacts: dict[str, Artifact], tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Each artifact's name in the processor's root ($TOOLTRIE_ARTIFACT_ROOT, conftest's)."""
     folder = tmp_path_factory.mktemp("rows")
-    return {name: str(artifact.save(folder / f"{name}.trie.safetensors")) for name, artifact in artifacts.items()}
+    return {name: publish_artifact(artifact.save(folder / f"{name}.trie.safetensors"))
+            for name, artifact in artifacts.items()}
 
 
 @pytest.fixture(scope="module")

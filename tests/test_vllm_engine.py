@@ -145,7 +145,8 @@ def test_malformed_arguments_are_refused_and_the_engine_lives_on(llm: Any, paths
     before = generate(llm, prompt, constrained(paths["catalog"], 2))
     for extra, message in [({"tooltrie_artifact": str(paths["catalog"]), "tooltrie_k": 0}, "k=0 is outside"),
                            ({"tooltrie": {"artifact": str(paths["catalog"])}}, "must be"),
-                           ({"tooltrie_artifact": "/nonexistent.safetensors", "tooltrie_k": 1}, "not found")]:
+                           ({"tooltrie_artifact": "/nonexistent.safetensors", "tooltrie_k": 1},
+                            "unknown artifact name")]:
         with pytest.raises((ValueError, VLLMValidationError), match=message):
             generate(llm, prompt, SamplingParams(temperature=0.0, max_tokens=16, extra_args=extra))
     after = generate(llm, prompt, SamplingParams(temperature=0.0, max_tokens=64,

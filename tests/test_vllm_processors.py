@@ -59,6 +59,7 @@ from tooltrie.integrations.vllm import (
     processor_class,
     request_args,
 )
+from tooltrie.integrations.vllm_rows import publish_artifact
 from tooltrie.kernels import TrieMatcher
 from tooltrie.serve.prompt import Prompt
 
@@ -89,7 +90,8 @@ def finite(row: torch.Tensor) -> list[int]:
 
 @pytest.fixture(scope="module")
 def artifact_path(catalog_artifact: Artifact, tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(catalog_artifact.save(tmp_path_factory.mktemp("vllm") / "catalog.trie.safetensors"))
+    """The catalog artifact's name in the processor's root ($TOOLTRIE_ARTIFACT_ROOT, conftest's)."""
+    return publish_artifact(catalog_artifact.save(tmp_path_factory.mktemp("vllm") / "catalog.trie.safetensors"))
 
 
 def params(path: str | None, k: int = 1) -> SamplingParams:
@@ -122,7 +124,7 @@ BAD_ARGS = [  # (extra_args, what vLLM's validator reports)
     ({"tooltrie": {"artifact": "{path}", "k": "2"}}, "must be"),
     ({"tooltrie": {"artifact": "{path}", "k": 0}}, "k=0 is outside 1..47"),
     ({"tooltrie": {"artifact": "{path}", "k": 48}}, "k=48 is outside 1..47"),
-    ({"tooltrie": {"artifact": "/nonexistent.safetensors", "k": 1}}, "artifact not found"),
+    ({"tooltrie": {"artifact": "/nonexistent.safetensors", "k": 1}}, "unknown artifact name"),
 ]
 
 

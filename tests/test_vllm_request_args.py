@@ -1,28 +1,59 @@
 """A request's tooltrie arguments in vLLM's ``SamplingParams.extra_args``, without vLLM: the nested form
-(``{"tooltrie": {"artifact", "k"}}``) and the flat one (``tooltrie_artifact``, ``tooltrie_k``, what vLLM's OpenAI
-server can carry in ``vllm_xargs``) mean the same request; malformed ones are refused with an error naming the key."""
+(``{"tooltrie": {"artifact", "k", "tools"}}``) and the flat one (``tooltrie_artifact``, ``tooltrie_k``,
+``tooltrie_tools``, what vLLM's OpenAI server can carry in ``vllm_xargs``) mean the same request; malformed ones are
+refused with an error naming the key. An artifact is a name in the processor's root (``$TOOLTRIE_ARTIFACT_ROOT``, a
+temporary directory in the tests: ``conftest.artifact_root``): a name that is not a file there, or leads out of it,
+is the same "unknown artifact name", which shows nothing of the file system."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from tooltrie.integrations.vllm_rows import RequestArgs, parse_request_args, request_args
+from tooltrie.compiler import Artifact
+from tooltrie.compiler import artifact as artifact_module
+from tooltrie.errors import ArtifactError
+from tooltrie.integrations import vllm_rows
+from tooltrie.integrations.vllm_rows import RequestArgs, parse_request_args, publish_artifact, request_args
 
 
 def parse(extra: dict[str, Any] | None, **fields: Any) -> RequestArgs | None:
     return parse_request_args(SimpleNamespace(extra_args=extra, **fields))
 
 
+@pytest.fixture(scope="module")
+def name(saved_catalog_artifact: Path) -> str:
+    """The catalog artifact's name in the root (copied there once)."""
+    return publish_artifact(saved_catalog_artifact)
+
+
 @pytest.mark.parametrize("k", [1, 3, 47])
-def test_nested_and_flat_forms_are_the_same_request(saved_catalog_artifact: Path, k: int) -> None:
-    nested, flat = request_args(saved_catalog_artifact, k), request_args(saved_catalog_artifact, k, flat=True)
-    assert flat == {"tooltrie_artifact": str(saved_catalog_artifact), "tooltrie_k": k}
-    assert parse(nested) == parse(flat) == RequestArgs(str(saved_catalog_artifact), k)
-    assert parse({**flat, "other_plugin": [1, 2]}) == RequestArgs(str(saved_catalog_artifact), k)
+def test_nested_and_flat_forms_are_the_same_request(name: str, k: int) -> None:
+    nested, flat = request_args(name, k), request_args(name, k, flat=True)
+    assert flat == {"tooltrie_artifact": name, "tooltrie_k": k}
+    assert parse(nested) == parse(flat) == RequestArgs(name, k)
+    assert parse({**flat, "other_plugin": [1, 2]}) == RequestArgs(name, k)
+
+
+def test_a_file_is_named_by_its_copy_in_the_root(saved_catalog_artifact: Path, artifact_root: Path) -> None:
+    named = request_args(saved_catalog_artifact, 2, flat=True)["tooltrie_artifact"]
+    assert os.sep not in named and (artifact_root / named).read_bytes() == saved_catalog_artifact.read_bytes()
+    assert request_args(str(saved_catalog_artifact), 2)["tooltrie"]["artifact"] == named  # written once, same name
+    assert publish_artifact(artifact_root / named) == named  # a file of the root is named as it is
+
+
+def test_a_subset_travels_as_tool_ids(name: str) -> None:
+    flat = request_args(name, 2, tools={9, 4, 30}, flat=True)
+    assert flat == {"tooltrie_artifact": name, "tooltrie_k": 2, "tooltrie_tools": [4, 9, 30]}
+    assert parse(flat) == parse(request_args(name, 2, tools=[30, 4, 9])) == RequestArgs(name, 2, tools=(4, 9, 30))
+    assert parse({"tooltrie_artifact": name, "tooltrie_k": 3, "tooltrie_tools": [4, 9, 30]}) is not None
 
 
 def test_requests_without_arguments_are_not_ours() -> None:
@@ -31,38 +62,138 @@ def test_requests_without_arguments_are_not_ours() -> None:
     assert parse({"tooltrip_k": 2, "other": {"artifact": "x"}}) is None
 
 
-def test_a_thinking_budget_is_noted(saved_catalog_artifact: Path) -> None:
-    args = parse(request_args(saved_catalog_artifact, 2, flat=True), thinking_token_budget=64)
+def test_a_thinking_budget_is_noted(name: str) -> None:
+    args = parse(request_args(name, 2, flat=True), thinking_token_budget=64)
     assert args is not None and args.thinking_budget
 
 
-BAD_EXTRA_ARGS = [  # (extra_args, the error's words); "{path}" stands for a real artifact
-    ({"tooltrie": "{path}"}, "extra_args['tooltrie'] must be"),
+BAD_EXTRA_ARGS = [  # (extra_args, the error's words); "{name}" stands for a real artifact's name
+    ({"tooltrie": "{name}"}, "extra_args['tooltrie'] must be"),
     ({"tooltrie": {"k": 1}}, "extra_args['tooltrie'] must be"),
-    ({"tooltrie": {"artifact": "{path}", "k": "2"}}, "extra_args['tooltrie'] must be"),
-    ({"tooltrie": {"artifact": "{path}", "k": 0}}, "k=0 is outside 1..47"),
-    ({"tooltrie_artifact": "{path}"}, "extra_args must be"),
+    ({"tooltrie": {"artifact": "{name}", "k": "2"}}, "extra_args['tooltrie'] must be"),
+    ({"tooltrie": {"artifact": "{name}", "k": 2, "tool": [1]}}, "extra_args['tooltrie'] must be"),
+    ({"tooltrie": {"artifact": "{name}", "k": 0}}, "k=0 is outside 1..47"),
+    ({"tooltrie_artifact": "{name}"}, "extra_args must be"),
     ({"tooltrie_k": 2}, "extra_args must be"),
-    ({"tooltrie_artifact": "{path}", "tooltrie_k": "2"}, "extra_args must be"),
-    ({"tooltrie_artifact": "{path}", "tooltrie_k": 2.0}, "extra_args must be"),
-    ({"tooltrie_artifact": "{path}", "tooltrie_k": True}, "extra_args must be"),
-    ({"tooltrie_artifact": ["{path}"], "tooltrie_k": 2}, "extra_args must be"),
-    ({"tooltrie_artifact": "{path}", "tooltrie_k": 48}, "k=48 is outside 1..47"),
-    ({"tooltrie_artifact": "/nonexistent.safetensors", "tooltrie_k": 1}, "artifact not found"),
-    ({"tooltrie_artifact": "{path}", "tooltrie_k": 2, "tooltrie_K": 3}, "unknown key 'tooltrie_K'"),
-    ({"tooltrie_artifact": "{path}", "tooltrie_k": 2, "tooltrie": {"artifact": "{path}", "k": 2}}, "not both"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": "2"}, "extra_args must be"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2.0}, "extra_args must be"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": True}, "extra_args must be"),
+    ({"tooltrie_artifact": ["{name}"], "tooltrie_k": 2}, "extra_args must be"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 48}, "k=48 is outside 1..47"),
+    ({"tooltrie_artifact": "nonexistent.safetensors", "tooltrie_k": 1}, "unknown artifact name"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_K": 3}, "unknown key 'tooltrie_K'"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie": {"artifact": "{name}", "k": 2}}, "not both"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_tools": 3}, "extra_args must be"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_tools": [1, "2"]}, "extra_args must be"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_tools": [1, 2.0]}, "extra_args must be"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_tools": [1, 47]}, "tools: tool indices [47]"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_tools": [-1, 3]}, "tools: tool indices [-1]"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 3, "tooltrie_tools": [1, 2]}, "k=3 but only 2 tools are allowed"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_tools": []}, "k=1 but only 0 tools are allowed"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_tools": [5, 5]}, "names a tool more than once"),
 ]
 
 
-@pytest.mark.parametrize(("extra", "message"), BAD_EXTRA_ARGS)
-def test_malformed_arguments_are_refused_naming_the_key(saved_catalog_artifact: Path, extra: dict[str, Any],
-                                                        message: str) -> None:
-    def fill(value: Any) -> Any:
-        if value == "{path}":
-            return str(saved_catalog_artifact)
-        if isinstance(value, dict):
-            return {key: fill(item) for key, item in value.items()}
-        return [fill(item) for item in value] if isinstance(value, list) else value
+def fill(value: Any, name: str) -> Any:
+    if value == "{name}":
+        return name
+    if isinstance(value, dict):
+        return {key: fill(item, name) for key, item in value.items()}
+    return [fill(item, name) for item in value] if isinstance(value, list) else value
 
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        parse(fill(extra))
+
+@pytest.mark.parametrize(("extra", "message"), BAD_EXTRA_ARGS)
+def test_malformed_arguments_are_refused_naming_the_key(name: str, extra: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse(fill(extra, name))
+
+
+# --- names, not paths -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def outside(saved_catalog_artifact: Path, artifact_root: Path, tmp_path: Path) -> Path:
+    """A real artifact outside the root, and links in the root that lead to it (a file and a directory)."""
+    copy = shutil.copy(saved_catalog_artifact, tmp_path / "secret.trie.safetensors")
+    (artifact_root / "link-out.trie.safetensors").unlink(missing_ok=True)
+    (artifact_root / "link-out.trie.safetensors").symlink_to(copy)
+    (artifact_root / "dir-out").unlink(missing_ok=True)
+    (artifact_root / "dir-out").symlink_to(tmp_path, target_is_directory=True)
+    return Path(copy)
+
+
+def refused_names(outside: Path, root: Path) -> list[str]:
+    return [str(outside), "../" + outside.name, os.path.relpath(outside, root), "dir-out/" + outside.name,
+            "link-out.trie.safetensors", "..", ".", "", "x/../" + outside.name, "nonexistent.trie.safetensors",
+            ".hidden", "dir-out", "a" * 300, "name\x00"]
+
+
+def test_paths_links_and_unknown_names_are_one_refusal_that_shows_no_path(outside: Path, artifact_root: Path) -> None:
+    messages = set()
+    for bad in refused_names(outside, artifact_root):
+        with pytest.raises(ValueError, match=r"^extra_args: unknown artifact name ") as info:
+            parse({"tooltrie_artifact": bad, "tooltrie_k": 1})
+        messages.add(str(info.value).replace(vllm_rows._shown(bad), "NAME", 1))
+    assert messages == {"extra_args: unknown artifact name NAME (a file name in the processor's artifact root, "
+                        "$TOOLTRIE_ARTIFACT_ROOT)"}
+
+
+def test_a_link_within_the_root_is_its_target(name: str, artifact_root: Path) -> None:
+    (artifact_root / "alias.trie.safetensors").unlink(missing_ok=True)
+    (artifact_root / "alias.trie.safetensors").symlink_to(artifact_root / name)
+    assert parse({"tooltrie_artifact": "alias.trie.safetensors", "tooltrie_k": 2}) is not None
+
+
+def test_a_bad_file_in_the_root_is_read_once_and_named_without_its_path(artifact_root: Path) -> None:
+    (artifact_root / "garbage.trie.safetensors").write_bytes(b"not an artifact")
+    loads = vllm_rows.ARTIFACTS.loads
+    for _ in range(3):
+        with pytest.raises(ValueError, match=r"artifact 'garbage.trie.safetensors' cannot be used: not a readable "
+                                             "tooltrie artifact") as info:
+            parse({"tooltrie_artifact": "garbage.trie.safetensors", "tooltrie_k": 1})
+        assert str(artifact_root) not in str(info.value)
+    assert vllm_rows.ARTIFACTS.loads == loads + 1  # then remembered as failed (FAILED_TTL_S)
+
+
+def test_a_failed_name_is_tried_again_after_its_time(name: str, artifact_root: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_rows, "FAILED_TTL_S", 0.0)
+    late = "late-" + name
+    with pytest.raises(ValueError, match="unknown artifact name"):
+        parse({"tooltrie_artifact": late, "tooltrie_k": 1})
+    shutil.copy(artifact_root / name, artifact_root / late)
+    assert parse({"tooltrie_artifact": late, "tooltrie_k": 1}) == RequestArgs(late, 1)
+
+
+def test_the_header_is_checked_before_any_array_is_read(saved_catalog_artifact: Path, catalog_artifact: Artifact,
+                                                        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from safetensors.numpy import save
+
+    header = catalog_artifact.header() | {"format_version": 99}
+    path = tmp_path / "other.trie.safetensors"
+    path.write_bytes(save(dict(catalog_artifact.trie.arrays()), metadata={"tooltrie": json.dumps(header)}))
+    read: list[str] = []
+    real_open = artifact_module.safe_open
+
+    class Counting:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            self.handle = real_open(*args, **kwargs)
+
+        def __enter__(self) -> Counting:
+            self.inner = self.handle.__enter__()
+            return self
+
+        def __exit__(self, *exc: Any) -> Any:
+            return self.handle.__exit__(*exc)
+
+        def __getattr__(self, attribute: str) -> Any:
+            if attribute == "get_tensor":
+                return lambda name: read.append(name) or self.inner.get_tensor(name)
+            return getattr(self.inner, attribute)
+
+    monkeypatch.setattr(artifact_module, "safe_open", Counting)
+    with pytest.raises(ArtifactError, match="version 99"):
+        Artifact.load(path)
+    assert read == []
+    Artifact.load(saved_catalog_artifact)
+    assert len(read) == len(catalog_artifact.trie.arrays())  # the wrapper does count reads

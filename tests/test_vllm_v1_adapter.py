@@ -4,7 +4,9 @@ vLLM):
 
 - an update applies removed, then added, then moved (``BatchUpdate``'s contract): a row removed and added in one
   update holds the added, constrained request;
-- async scheduling's placeholder (-1) in a live output list is not a token: the row waits for the real one;
+- async scheduling's placeholder (-1): vLLM writes the real id over it before the sampler runs the processors (its
+  runner keeps output ids for custom processors and updates them first); one still there at ``apply`` fails its row
+  (only stop), never a mask for the previous position;
 - a stage after ours that writes a finite value into an illegal column of the returned buffer cannot reach the next
   request in that row (vLLM's ``Sampler`` runs the processors);
 - a batch of plain rows and one constrained row is masked in place, without copying the plain rows.
@@ -70,17 +72,37 @@ def test_a_row_removed_and_added_in_one_update_holds_the_added_request(
     assert finite(processor.apply(torch.zeros(1, vocab))[0]) == allowed_after(catalog_artifact, 1, [])
 
 
-def test_async_placeholders_are_not_tokens(processor: TrieVllmProcessorV1, saved_catalog_artifact: Path,
-                                           catalog_artifact: Artifact) -> None:
+def test_vllm_writes_placeholders_over_before_the_processors_run() -> None:
+    """The contract the adapter relies on, read from vLLM's runner: custom processors make the batch keep output ids,
+    and ``_sample`` replaces the placeholders before the sampler (which runs the processors)."""
+    import inspect
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    assert "logitsprocs_need_output_token_ids=bool(custom_logitsprocs)" in inspect.getsource(GPUModelRunner)
+    sample = inspect.getsource(GPUModelRunner._sample)
+    assert -1 < sample.index("update_async_output_token_ids()") < sample.index("self.sampler(")
+
+
+def test_a_placeholder_written_over_is_the_token(processor: TrieVllmProcessorV1, saved_catalog_artifact: Path,
+                                                 catalog_artifact: Artifact) -> None:
     vocab, outputs = catalog_artifact.max_token_id + 1, []
     processor.update_state(update(1, added=((0, params(saved_catalog_artifact, 2), outputs),)))
     first = allowed_after(catalog_artifact, 2, [])[0]
     assert finite(processor.apply(torch.zeros(1, vocab))[0]) == allowed_after(catalog_artifact, 2, [])
     outputs += [first, -1]  # sampled, then a placeholder for the step in flight
-    assert finite(processor.apply(torch.zeros(1, vocab))[0]) == allowed_after(catalog_artifact, 2, [first])
     second = allowed_after(catalog_artifact, 2, [first])[0]
-    outputs[-1] = second  # vLLM writes the real id over the placeholder
+    outputs[-1] = second  # vLLM writes the real id over the placeholder before the sampler
     assert finite(processor.apply(torch.zeros(1, vocab))[0]) == allowed_after(catalog_artifact, 2, [first, second])
+
+
+def test_a_placeholder_left_at_apply_fails_the_row(processor: TrieVllmProcessorV1, saved_catalog_artifact: Path,
+                                                   catalog_artifact: Artifact) -> None:
+    vocab, outputs = catalog_artifact.max_token_id + 1, []
+    processor.update_state(update(1, added=((0, params(saved_catalog_artifact, 2), outputs),)))
+    processor.apply(torch.zeros(1, vocab))
+    outputs += [allowed_after(catalog_artifact, 2, [])[0], -1]
+    assert finite(processor.apply(torch.zeros(1, vocab))[0]) == [catalog_artifact.eos_id]
 
 
 class FiniteWriter(LogitsProcessor):  # type: ignore[misc]
