@@ -365,9 +365,8 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     if vllm_url is not None:
         _serve_through_vllm(registries=registries, model=model, adapter=adapter, tokenizer=tokenizer, host=host,
                             port=port, limits=limits, log_level=log_level, separator=separator, url=vllm_url,
-                            name=vllm_model, artifact_dir=vllm_artifacts,
-                            refused=[option for option, given in (("--policy", policy), ("--prefilter", prefilter),
-                                                                  ("--train", train)) if given])
+                            name=vllm_model, artifact_dir=vllm_artifacts, policy=policy, prefilter=prefilter,
+                            prior=prior, refused=["--train"] if train else [])
         return
     tenants = Policy.load(policy) if policy is not None else None
     check_open_binding(host, tenants)  # before anything slow: an open server may listen on loopback only
@@ -405,8 +404,10 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
 
 def _serve_through_vllm(*, registries: Sequence[Path], model: str | None, adapter: bool, tokenizer: str | None,
                         host: str, port: int, limits: ServeLimits | None, log_level: str, separator: str | None,
-                        url: str, name: str | None, artifact_dir: Path | None, refused: list[str]) -> None:
-    """``serve`` with the decoding done by the vLLM server at ``url``: no model is loaded here."""
+                        url: str, name: str | None, artifact_dir: Path | None, policy: Path | None,
+                        prefilter: dict[str | None, int] | None, prior: str, refused: list[str]) -> None:
+    """``serve`` with the decoding done by the vLLM server at ``url``: no model is loaded here. The tools a request
+    may use (``policy``'s tenants, allow/deny, ``prefilter``) are chosen here and sent to vLLM's processor."""
     import uvicorn
 
     from tooltrie.compiler import TokenizerInfo
@@ -415,22 +416,28 @@ def _serve_through_vllm(*, registries: Sequence[Path], model: str | None, adapte
     from tooltrie.serve.prompt import Prompt
     from tooltrie.serve.vllm_remote import VllmServer
 
-    if refused:  # each narrows the tools per request or trains here; vLLM's processor takes whole registries
-        raise TooltrieError(f"{', '.join(refused)} cannot be used with --vllm-url: the vLLM processor answers over "
-                         "whole registries, with the model vLLM runs")
-    check_open_binding(host, None)
-    for path in registries:  # a bad registry file is refused before anything else
-        registry_of(path)
+    if refused:  # training needs the model here
+        raise TooltrieError(f"{', '.join(refused)} cannot be used with --vllm-url: the vLLM processor answers with "
+                            "the model vLLM runs")
+    tenants = Policy.load(policy) if policy is not None else None
+    check_open_binding(host, tenants)
+    names = [registry_of(path).name for path in registries]  # a bad registry file is refused before anything else
+    rankers, why = prior_rankers(prior)
+    limits_n = prefilter_limits(prefilter or {}, names)
     tokenizer_source, style = _served_text(model, adapter=adapter)
     limits = limits or ServeLimits()
     remote = VllmServer(url, artifact_dir or default_cache_dir() / "vllm", model=name, timeout_s=limits.timeout_s,
                         concurrency=limits.max_batch * (len(registries) + 1))
     service = DiscoveryService.from_paths(registries, None, TokenizerInfo.load(tokenizer or tokenizer_source),
                                           prompt=Prompt.style(style), limits=limits, separator=separator,
-                                          remote=remote)
+                                          policy=tenants, prefilter=Prefilter(rankers, limits=limits_n,
+                                                                              unavailable=why),
+                                          prior=prior, remote=remote)
     served = ", ".join(f"{summary['name']} ({summary['tools']} tools)" for summary in service.registries())
+    access = (f"policy {policy}: {len(tenants.tenants)} tenants, API keys required" if tenants is not None
+              else "no --policy: open, on loopback only")
     print(f"tooltrie serve: {served} through the vLLM server at {remote.base} (artifacts in {remote.artifact_dir}, "
-          f"{style} prompt), on http://{host}:{port} (no --policy: open, on loopback only)", file=sys.stderr)
+          f"{style} prompt), on http://{host}:{port} ({access})", file=sys.stderr)
     uvicorn.run(create_app(service, host=host), host=host, port=port, log_level=log_level)
 
 

@@ -177,7 +177,7 @@ class DiscoveryService:
         (``run_training``) and swapped in when ready.
 
         ``remote``: answer through that vLLM server (``vllm_remote.py``) instead of ``model`` (which may then be
-        None): whole registries, ranked by its model."""
+        None): ranked by its model, the allowed tools (policy, allow/deny, prefilter) sent with each call."""
         if not registries:
             raise ValueError("a discovery service needs at least one registry")
         if remote is not None:  # vLLM's processor ranks by its model alone
@@ -444,9 +444,6 @@ class DiscoveryService:
                                           f"tokens of its {self.context_tokens:,}")
         registry = served.artifact.registry
         narrowed = request.tenant is not None or request.allow is not None or bool(request.deny)
-        if self.remote is not None and (narrowed or request.prefilter is not None):
-            raise InvalidRequestError("this server answers through vLLM, whose processor takes whole registries: "
-                                      "allow, deny and prefilter are not available")
         tools: frozenset[int] | None = None
         if narrowed:
             tools = self._view(request.tenant, registry).narrow(allow=request.allow, deny=request.deny)

@@ -1,11 +1,14 @@
 """Answers through a vLLM server (``tooltrie serve --vllm-url URL``): the discovery endpoint as it is (admission,
 queue, timeouts, the JSON it returns), the decoding done by a ``vllm serve`` that loaded tooltrie's logits processor
-and reads the same artifact files. One endpoint in front of a bigger model, or of many replicas behind vLLM's own
-load balancing (tensor and data parallelism are vLLM's).
+and reads the same artifact files: written here into the directory that is the processor's artifact root there
+(``$TOOLTRIE_ARTIFACT_ROOT``), and named, never given as paths. One endpoint in front of a bigger model, or of many
+replicas behind vLLM's own load balancing (tensor and data parallelism are vLLM's).
 
 Each request is one call of vLLM's OpenAI completions route: the prompt's token ids (``Prompt.ids``, what the
 in-process engine feeds), greedy, at most the answer's budget of tokens, the request arguments in their flat form
-(``request_args(..., flat=True)``: ``vllm_xargs`` carries no nested objects) and the chosen tokens' logprobs.
+(``request_args(..., flat=True)``: ``vllm_xargs`` carries no nested objects: the artifact's name, k and, for a
+request whose tools admission narrowed (a tenant's policy, allow/deny, the prefilter), their ids) and the chosen
+tokens' logprobs.
 Started with ``--logprobs-mode processed_logprobs``, vLLM reports them after the mask: log-probabilities under the
 constraint, what the engine scores with. The answer's tokens are then replayed through the trie here
 (:func:`replay`), which checks that they are k distinct registry tools (a server without the processor answers in
@@ -20,10 +23,11 @@ request or answers something that is not an answer is a 502 for that request, on
 
 from __future__ import annotations
 
+import re
 import threading
 import time
-from collections.abc import Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Collection, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +47,8 @@ from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.request import Answer, Request, RequestStatus, ToolChoice, check_request
 
 # How long ``step`` waits for a call to finish before it returns to the worker's loop (which then takes new jobs and
-# cancellations): short, since the worker does nothing else meanwhile.
+# cancellations): short, since the worker does nothing else meanwhile. One wait per turn of the worker's loop, for
+# the calls of all its lanes (``VllmServer.wait_for_answers``): N registries do not wait N times.
 STEP_WAIT_S = 0.01
 # What a call leaves of the service's timeout (a quarter of a timeout under 2 s): time to replay the answer and hand it
 # back through the worker's step before the service gives up on the request. So a vLLM that does not answer in time
@@ -63,9 +68,10 @@ def upstream_timeout_s(timeout_s: float) -> float:
 @dataclass
 class VllmServer:
     """Where the vLLM server is and how it is called. ``url``: its base (``http://host:port``, with or without
-    ``/v1``); ``artifact_dir``: where the artifacts are written for it to read (a directory both machines see under
-    the same path); ``model``: the name it serves (None: the one its ``/v1/models`` lists); ``timeout_s``: the
-    service's timeout, which a call ends before (``upstream_timeout_s``); ``concurrency``: calls in flight at once."""
+    ``/v1``); ``artifact_dir``: where the artifacts are written for it to read (the directory its processor's
+    ``$TOOLTRIE_ARTIFACT_ROOT`` names, shared by both machines); ``model``: the name it serves (None: the one its
+    ``/v1/models`` lists); ``timeout_s``: the service's timeout, which a call ends before (``upstream_timeout_s``);
+    ``concurrency``: calls in flight at once."""
 
     url: str
     artifact_dir: Path
@@ -75,6 +81,9 @@ class VllmServer:
     _client: httpx.Client | None = field(default=None, init=False, repr=False)
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _answered: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _waiter: object | None = field(default=None, init=False, repr=False)
+    _waited_at: float = field(default=float("-inf"), init=False, repr=False)
 
     @property
     def base(self) -> str:
@@ -104,9 +113,26 @@ class VllmServer:
         if client is not None:
             client.close()
 
+    def answered(self, _: object = None) -> None:
+        """A call finished (its future's done-callback): the worker's wait ends."""
+        self._answered.set()
+
+    def wait_for_answers(self, lane: object, timeout: float) -> None:
+        """Wait up to ``timeout`` for any call of any lane to finish, once per turn of the worker's loop: the lane
+        that waited last waits again; the others step without waiting, unless it has not waited for two timeouts
+        (it is idle now). Called from the worker's thread only."""
+        if self._waiter is not lane and time.monotonic() - self._waited_at < 2 * timeout:
+            return
+        self._waiter = lane
+        self._answered.wait(timeout)
+        self._answered.clear()  # calls finishing from now on set it again; those finished already are collected
+        self._waited_at = time.monotonic()
+
     def artifact_path(self, artifact: Artifact) -> Path:
-        """The artifact as a file vLLM's processor loads: named by its content, written (atomically) once."""
-        path = self.artifact_dir / f"{artifact.registry.name}-{artifact.sha256[:16]}.trie.safetensors"
+        """The artifact as a file vLLM's processor loads (by its name, in its root): named by its content, written
+        (atomically) once."""
+        label = re.sub(r"[^A-Za-z0-9_-]", "_", artifact.registry.name)[:64]
+        path = self.artifact_dir / f"{label}-{artifact.sha256[:16]}.trie.safetensors"
         if not path.is_file():
             path.parent.mkdir(parents=True, exist_ok=True)
             artifact.save(path)
@@ -192,12 +218,13 @@ class RemoteEngine:
         return RemoteEngine(self.server, self.tokenizer, self.artifact, prompt=self.prompt, max_batch=self.max_batch)
 
     def submit(self, request: Request) -> Request:
-        tools = check_request(request, self.artifact)
-        if tools is not None or not request.constrained or request.reasoning or request.ranked_by != "model":
-            raise DecodeError("this server answers through vLLM, whose processor takes whole registries ranked by "
-                              "the model only: allow, deny, prefilter, other rankers and reasoning are not available")
+        tools = check_request(request, self.artifact)  # the allowed tools' ids in this artifact (None: all)
+        if not request.constrained or request.reasoning or request.ranked_by != "model":
+            raise DecodeError("this server answers through vLLM, whose processor ranks by the model only: other "
+                              "rankers and reasoning are not available")
         request.status = RequestStatus.DECODING
-        self._calls[request] = self.server.pool.submit(self._answer, request)
+        call = self._calls[request] = self.server.pool.submit(self._answer, request, tools)
+        call.add_done_callback(self.server.answered)
         return request
 
     def cancel(self, request: Request) -> bool:
@@ -209,10 +236,10 @@ class RemoteEngine:
         return call is not None
 
     def step(self) -> list[Request]:
-        """The requests whose calls have finished (waiting briefly for one): each answered, or failed with its
-        ``ServeError``."""
-        if self._calls:
-            wait(list(self._calls.values()), timeout=STEP_WAIT_S, return_when=FIRST_COMPLETED)
+        """The requests whose calls have finished (waiting briefly for one, once per worker turn for all lanes:
+        ``VllmServer.wait_for_answers``): each answered, or failed with its ``ServeError``."""
+        if self._calls and not any(call.done() for call in self._calls.values()):
+            self.server.wait_for_answers(self, STEP_WAIT_S)
         finished: list[Request] = []
         for request, call in list(self._calls.items()):
             if call.done():
@@ -225,7 +252,7 @@ class RemoteEngine:
                 finished.append(request)
         return finished
 
-    def _answer(self, request: Request) -> Answer:
+    def _answer(self, request: Request, tools: frozenset[int] | None) -> Answer:
         started = time.perf_counter()
         # The call starts as the worker hands the request over (it hands over at most ``max_batch`` at once, below
         # the pool's ``concurrency``): it must be over before the service's timeout, counted from about now.
@@ -235,7 +262,8 @@ class RemoteEngine:
         reply = self.server.complete({
             "prompt": prompt_ids, "max_tokens": answer_budget(artifact, k), "temperature": 0.0,
             "logprobs": 1, "stop_token_ids": [artifact.eos_id], "skip_special_tokens": False,
-            "return_token_ids": True, "vllm_xargs": request_args(self.artifact_path, k, flat=True)},
+            "return_token_ids": True,
+            "vllm_xargs": request_args(self.artifact_path.name, k, tools=tools, flat=True)},
             deadline=deadline)
         try:
             choice = reply["choices"][0]
@@ -253,32 +281,32 @@ class RemoteEngine:
             tokens.append(artifact.eos_id)  # a stop token vLLM left out of the list
             logprobs.append(0.0)
         try:
-            tools, decisions = replay(artifact, k, tokens, logprobs, width=self.tokenizer.vocab_size)
+            chosen, decisions = replay(artifact, k, tokens, logprobs, width=self.tokenizer.vocab_size, subset=tools)
         except DecodeError as exc:  # the request was checked at submit: what fails now is vLLM's reply
             raise BadGatewayError(f"the vLLM server at {self.server.base} answered tokens that cannot be replayed "
                                   f"through the trie ({exc})") from None
-        if tools is None:
+        if chosen is None:
             text = self.tokenizer.decode([t for t in tokens if t != artifact.eos_id])
             raise BadGatewayError(f"the vLLM server at {self.server.base} answered {text[:120]!r}, which is not "
-                                  f"{k} distinct tools of registry {artifact.registry.name!r}: is tooltrie's "
-                                  "processor loaded there (--logits-processors "
-                                  "tooltrie.integrations.vllm:TrieVllmProcessorV1), and does it read "
-                                  f"{self.artifact_path}?")
+                                  f"{k} distinct allowed tools of registry {artifact.registry.name!r}: is "
+                                  "tooltrie's processor loaded there (--logits-processors "
+                                  "tooltrie.integrations.vllm:TrieVllmProcessorV1), its TOOLTRIE_ARTIFACT_ROOT "
+                                  f"the directory of {self.artifact_path}?")
         ids = [t for t in tokens if t != artifact.eos_id]
-        return Answer(tools=tools, finish_reason="stop", token_ids=tokens, text=self.tokenizer.decode(ids),
+        return Answer(tools=chosen, finish_reason="stop", token_ids=tokens, text=self.tokenizer.decode(ids),
                       forward_passes=len(tokens), decision_points=decisions, prompt_tokens=len(prompt_ids),
                       latency_ms=(time.perf_counter() - started) * 1e3, ranker=MODEL_ONLY.as_dict(),
                       artifact=artifact)
 
 
-def replay(artifact: Artifact, k: int, tokens: Sequence[int], logprobs: Sequence[float], *,
-           width: int) -> tuple[list[ToolChoice] | None, int]:
+def replay(artifact: Artifact, k: int, tokens: Sequence[int], logprobs: Sequence[float], *, width: int,
+           subset: Collection[int] | None = None) -> tuple[list[ToolChoice] | None, int]:
     """Walk ``tokens`` (an answer and its stop token) through the trie as the engine's choices walk it: the tools,
     each scored by the summed ``logprobs`` of the decisions that were about it (a token the trie forced is no
     decision), and the number of decisions; None for the tools when the tokens are not a complete answer of k
-    distinct tools. ``width``: the vocabulary's size."""
+    distinct tools (of ``subset``, tool ids, when given). ``width``: the vocabulary's size."""
     batch = TrieBatch(artifact, capacity=1)
-    batch.add(0, k)
+    batch.add(0, k, subset=subset)
     scores: dict[int, float] = {}
     decisions, i = 0, 0
     while i < len(tokens) and batch.is_running(0):

@@ -10,7 +10,9 @@ and the answer so far, masked by ``TrieMatcher``, greedy) that answers as vLLM s
   processor), fewer logprobs than tokens, or tokens the trie cannot replay: 502 saying why;
 - the answer's token budget is one definition (``limits.answer_budget``), which the deepest answer fits, on both
   paths: what vLLM may generate, and what the in-process service keeps free of the model's context;
-- what vLLM's processor cannot do (allow/deny) is a 422; the options it cannot serve are refused at start.
+- allow/deny travel as the allowed tools' ids (``tooltrie_tools``): the same answers as in process; what vLLM's
+  processor cannot do (other rankers) is a 422; the artifact is sent by its name in the processor's root (the
+  stand-in reads it as the processor does, ``$TOOLTRIE_ARTIFACT_ROOT``).
 
 The same against a real ``vllm serve``: ``test_vllm_serve_remote.py`` (``make test-vllm``).
 """
@@ -21,9 +23,11 @@ import json
 import socket
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -34,13 +38,14 @@ from support.serve_http import check_answer, running_server, same_answer, smollm
 
 from tooltrie.compiler import Artifact
 from tooltrie.compiler.trie import phase_of
-from tooltrie.errors import DecodeError, TooltrieError
+from tooltrie.errors import DecodeError
+from tooltrie.integrations.vllm_rows import RequestArgs, artifact_root, load_artifact, parse_request_args
 from tooltrie.kernels import TrieMatcher
 from tooltrie.kernels.batch import TrieBatch
 from tooltrie.registry import CATALOG_PATH, load_registry
 from tooltrie.serve import vllm_remote
 from tooltrie.serve.limits import ServeLimits, answer_budget
-from tooltrie.serve.server import serve
+from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.service import DiscoveryService
 from tooltrie.serve.vllm_remote import VllmServer, replay
 from tooltrie.testing import tiny_llama
@@ -75,7 +80,12 @@ class StandIn:
                 if stand_in.mode == "refuse":
                     self._reply(400, {"error": {"message": "tooltrie_k must be an int", "type": "BadRequestError"}})
                     return
-                self._reply(200, stand_in.complete(body))
+                try:
+                    args = parse_request_args(SimpleNamespace(extra_args=body["vllm_xargs"]))
+                except ValueError as exc:  # as vLLM refuses what its processor's validator refuses
+                    self._reply(400, {"error": {"message": str(exc), "type": "BadRequestError"}})
+                    return
+                self._reply(200, stand_in.complete(body, args))
 
             def _reply(self, status: int, data: dict[str, Any]) -> None:
                 payload = json.dumps(data).encode()
@@ -92,11 +102,11 @@ class StandIn:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Greedy over the full logits, masked by the trie; the chosen tokens' logprobs after the mask."""
-        args = body["vllm_xargs"]
-        artifact = Artifact.load(args["tooltrie_artifact"])
-        matcher = TrieMatcher(artifact, args["tooltrie_k"])
+    def complete(self, body: dict[str, Any], args: RequestArgs | None) -> dict[str, Any]:
+        """Greedy over the full logits, masked by the trie (under the request's subset); the chosen tokens' logprobs
+        after the mask."""
+        assert args is not None
+        matcher = TrieMatcher(load_artifact(args.artifact), args.k, allowed=args.tools)
         tokens: list[int] = []
         logprobs: list[float] = []
         with torch.inference_mode():
@@ -146,7 +156,7 @@ def remote_service(url: str, tmp_path: Path, *, limits: ServeLimits | None = Non
     limits = limits or ServeLimits(timeout_s=TIMEOUT)  # the first answer compiles the CPU kernels
     return DiscoveryService.from_paths([CATALOG_PATH], None, smollm_tokenizer(), limits=limits,
                                        cache_dir=tmp_path / "cache",
-                                       remote=VllmServer(url, tmp_path / "artifacts", timeout_s=limits.timeout_s,
+                                       remote=VllmServer(url, artifact_root(), timeout_s=limits.timeout_s,
                                                          concurrency=concurrency))
 
 
@@ -186,7 +196,9 @@ def test_answers_as_the_engine_does(tmp_path: Path) -> None:
                     assert here.json()["usage"][field] == there.json()["usage"][field], field
         assert remote.get("/healthz").status_code == 200  # the probe registry, through vLLM too
     sent = vllm.requests[0]
-    assert sent["vllm_xargs"]["tooltrie_k"] == 1 and Path(sent["vllm_xargs"]["tooltrie_artifact"]).is_file()
+    name = sent["vllm_xargs"]["tooltrie_artifact"]
+    assert sent["vllm_xargs"] == {"tooltrie_artifact": name, "tooltrie_k": 1}  # no subset: every tool
+    assert "/" not in name and (artifact_root() / name).is_file()
     assert sent["model"] == "tiny" and sent["temperature"] == 0.0 and all(isinstance(t, int) for t in sent["prompt"])
 
 
@@ -291,15 +303,65 @@ def test_vllm_refusing_or_unconstrained_is_502(tmp_path: Path, mode: str, says: 
         assert reply.status_code == 502 and says in reply.json()["error"]["message"], reply.text
 
 
+ALLOWED = [  # (what the request narrows, the tools it leaves)
+    ({"allow": ["WeatherTool", "NewsTool", "MapTool"]}, {"WeatherTool", "NewsTool", "MapTool"}),
+    ({"deny": ["WeatherTool"]}, None),
+]
+
+
+@pytest.mark.parametrize(("narrowed", "kept"), ALLOWED)
+def test_a_subset_travels_to_vllm_and_answers_as_in_process(tmp_path: Path, narrowed: dict[str, Any],
+                                                            kept: set[str] | None) -> None:
+    catalog = load_registry(CATALOG_PATH)
+    local_service = tiny_service([CATALOG_PATH], tmp_path / "local", limits=ServeLimits(timeout_s=TIMEOUT))
+    with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path)) as remote, client_of(local_service) as local:
+        for k in (1, 2):
+            ask = {"query": QUERIES[0], "k": k, **narrowed}
+            here, there = local.post("/v1/discover", json=ask), remote.post("/v1/discover", json=ask)
+            assert here.status_code == there.status_code == 200, there.text
+            assert same_answer(here.json(), there.json()), (here.json(), there.json())
+            names = {tool["name"] for tool in there.json()["tools"]}
+            assert names <= (kept or set(catalog.names) - set(narrowed.get("deny", [])))
+        sent = vllm.requests[-1]["vllm_xargs"]
+        allowed = {catalog.names[tool] for tool in sent["tooltrie_tools"]}
+        assert allowed == (kept or set(catalog.names) - set(narrowed.get("deny", [])))
+        assert sent["tooltrie_tools"] == sorted(sent["tooltrie_tools"])
+
+
 def test_what_the_processor_cannot_do_is_refused(tmp_path: Path) -> None:
     with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path)) as client:
-        reply = client.post("/v1/discover", json={"query": QUERIES[0], "k": 1, "allow": ["WeatherTool", "NewsTool"]})
-        assert reply.status_code == 422 and "vLLM" in reply.json()["error"]["message"], reply.text
         for ranker in ("retrieval", "fused"):  # vLLM's processor ranks by the model alone
             ask = {"query": QUERIES[0], "k": 1, "ranker": ranker, "prior": "lexical"}
             reply = client.post("/v1/discover", json=ask)
             assert reply.status_code == 422, reply.text
             assert reply.json()["error"]["message"].startswith(f"ranker {ranker}: this server answers through vLLM")
+        reply = client.post("/v1/discover", json={"query": QUERIES[0], "k": 3, "allow": ["WeatherTool", "NewsTool"]})
+        assert reply.status_code == 422 and "k=3 but only 2 tools" in reply.json()["error"]["message"], reply.text
         assert client.post("/v1/discover", json={"query": QUERIES[0], "k": 1}).status_code == 200
-    with pytest.raises(TooltrieError, match="--policy cannot be used with --vllm-url"):
-        serve(registries=[CATALOG_PATH], policy=tmp_path / "policy.yaml", vllm_url="http://127.0.0.1:9")
+
+
+def test_busy_lanes_wait_once_per_turn_for_all_their_calls(catalog_artifact: Artifact) -> None:
+    """N registries through vLLM: a turn of the worker's loop steps N lanes whose calls are in flight, and waits for
+    them once (not N times STEP_WAIT_S); a call finishing in any lane ends that wait."""
+    server = VllmServer("http://127.0.0.1:9", artifact_root())
+    waits: list[float | None] = []
+
+    class Counted(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(timeout)
+            return super().wait(timeout)
+
+    server._answered = Counted()
+    lanes = [vllm_remote.RemoteEngine(server, smollm_tokenizer(), catalog_artifact, prompt=Prompt())
+             for _ in range(8)]
+    calls: list[Future[Any]] = []
+    for lane in lanes:
+        calls.append(Future())
+        calls[-1].add_done_callback(server.answered)
+        lane._calls[object()] = calls[-1]  # type: ignore[index]  # a call in flight
+    for _ in range(5):
+        assert [lane.step() for lane in lanes] == [[]] * len(lanes)
+    assert len(waits) == 5
+    calls[5].set_exception(RuntimeError("vLLM answered"))  # a call of another lane than the waiting one
+    assert server._answered.is_set()
+    server.close()

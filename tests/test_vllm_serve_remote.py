@@ -3,9 +3,11 @@ tooltrie's processor, the default model as served (its adapter merged, float32).
 (``make test-vllm``), skipped elsewhere; the stand-in tests in ``test_serve_vllm_remote.py`` run everywhere.
 
 - the same greedy answers as the in-process engine on the same model, as the same JSON (tools, pointers, scores
-  from vLLM's processed logprobs, token counts), on held-out catalog queries at k = 1, 2, 3;
-- vLLM's own completions route: k tools asked for in ``vllm_xargs`` come back as k distinct registry tools; a bad
-  argument is a 400 naming it;
+  from vLLM's processed logprobs, token counts), on held-out catalog queries at k = 1, 2, 3, over the whole registry
+  and over subsets (allow, deny: the allowed tools' ids in ``tooltrie_tools``);
+- vLLM's own completions route: k tools asked for in ``vllm_xargs`` come back as k distinct registry tools (of the
+  subset, when one is given); a bad argument is a 400 naming it: a path or an unknown name for the artifact (which
+  vLLM reads only from its ``$TOOLTRIE_ARTIFACT_ROOT``), a tool outside the registry, k above the subset;
 - vLLM stopped: 502, and the endpoint lives on.
 """
 
@@ -41,6 +43,8 @@ from tooltrie.serve.vllm_remote import VllmServer
 
 PROCESSOR = "tooltrie.integrations.vllm:TrieVllmProcessorV1"  # by name: the CPU worker imports it after its scan
 QUERIES = 6  # held-out catalog queries, each at k = 1, 2, 3
+NARROWED = ({}, {"allow": ["WeatherTool", "NewsTool", "MapTool", "FinanceTool"]}, {"deny": ["WeatherTool", "MapTool"]})
+SUBSET = [3, 5, 8, 13]  # tool ids, for vLLM's own route
 START_S = 900  # vLLM's start-up on two shared cores (eager mode, no torch.compile)
 
 
@@ -50,7 +54,7 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def start_vllm(model_dir: Path, port: int, log: BinaryIO) -> subprocess.Popen[bytes]:
+def start_vllm(model_dir: Path, port: int, log: BinaryIO, root: Path) -> subprocess.Popen[bytes]:
     """vLLM's OpenAI server as a user starts it for ``tooltrie serve --vllm-url``, sized for a small CPU machine.
     (The CPU build's ``vllm serve`` looks up the version of a package named ``vllm`` and fails; its server module
     runs the same server.)"""
@@ -60,7 +64,8 @@ def start_vllm(model_dir: Path, port: int, log: BinaryIO) -> subprocess.Popen[by
                "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
                "--max-model-len", "2048", "--max-num-seqs", "16", "--seed", "0", "--logits-processors", PROCESSOR,
                "--logprobs-mode", "processed_logprobs"]
-    env = {**os.environ, "VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {**os.environ, "VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "TOOLTRIE_ARTIFACT_ROOT": str(root)}
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
@@ -89,6 +94,7 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def check_completions_route(client: httpx.Client, url: str, artifact: Path, catalog: Registry) -> None:
+    name = artifact.name
     """vLLM's own completions route, as any OpenAI client calls it: k tools asked for in ``vllm_xargs`` (the flat
     form) come back as exactly k distinct registry tools; a bad argument is a 4xx naming it, and the server goes on."""
     model = client.get(url + "/v1/models").json()["data"][0]["id"]
@@ -96,14 +102,20 @@ def check_completions_route(client: httpx.Client, url: str, artifact: Path, cata
             "temperature": 0}
     for k in (1, 3):
         reply = client.post(url + "/v1/completions",
-                            json={**body, "vllm_xargs": request_args(artifact, k, flat=True)})
+                            json={**body, "vllm_xargs": request_args(name, k, tools=SUBSET, flat=True)})
         assert reply.status_code == 200, reply.text
         names = Contract().parse(reply.json()["choices"][0]["text"])
-        assert len(names) == k == len(set(names)) and set(names) <= set(catalog.names), names
-    for bad, named in (({"tooltrie_artifact": str(artifact), "tooltrie_k": 0}, "k=0"),
-                       ({"tooltrie_artifact": str(artifact), "tooltrie_k": 2, "tooltrie_x": 1}, "tooltrie_x")):
+        assert len(names) == k == len(set(names)) and set(names) <= {catalog.names[t] for t in SUBSET}, names
+    for bad, named in (({"tooltrie_artifact": name, "tooltrie_k": 0}, "k=0"),
+                       ({"tooltrie_artifact": name, "tooltrie_k": 2, "tooltrie_x": 1}, "tooltrie_x"),
+                       ({"tooltrie_artifact": str(artifact), "tooltrie_k": 1}, "unknown artifact name"),
+                       ({"tooltrie_artifact": "../" + name, "tooltrie_k": 1}, "unknown artifact name"),
+                       ({"tooltrie_artifact": "other.trie.safetensors", "tooltrie_k": 1}, "unknown artifact name"),
+                       ({"tooltrie_artifact": name, "tooltrie_k": 1, "tooltrie_tools": [3, 47]}, "tools"),
+                       ({"tooltrie_artifact": name, "tooltrie_k": 3, "tooltrie_tools": [3, 5]}, "tools")):
         reply = client.post(url + "/v1/completions", json={**body, "vllm_xargs": bad})
         assert 400 <= reply.status_code < 500 and named in reply.text, (bad, reply.status_code, reply.text)
+        assert str(artifact.parent) not in reply.text  # no file system in vLLM's refusal
     assert client.get(url + "/health").status_code == 200
 
 
@@ -118,7 +130,8 @@ def test_same_answers_as_the_engine_then_vllm_down_is_502(served: tuple[object, 
     model, style = served
     catalog = load_registry(CATALOG_PATH)
     queries = load_split("metatool-single", "test")
-    asks = [{"query": queries[i * len(queries) // QUERIES].query, "k": k} for i in range(QUERIES) for k in (1, 2, 3)]
+    asks = [{"query": queries[i * len(queries) // QUERIES].query, "k": k, **narrowed} for i in range(QUERIES)
+            for k in (1, 2, 3) for narrowed in NARROWED]
     limits = ServeLimits(timeout_s=300)
     with tempfile.TemporaryDirectory(prefix="tooltrie-vllm-") as scratch:
         work = Path(scratch)
@@ -126,7 +139,7 @@ def test_same_answers_as_the_engine_then_vllm_down_is_502(served: tuple[object, 
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log = (work / "vllm.log").open("wb")
-        process = start_vllm(work / "model", port, log)
+        process = start_vllm(work / "model", port, log, work / "artifacts")
         try:
             wait_up(process, url, work / "vllm.log")
             remote = DiscoveryService.from_paths(
