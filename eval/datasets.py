@@ -13,7 +13,17 @@ bfcl              bfcl/queries (labelled only)    bfcl        the BFCL category 
 restbench-tmdb    restbench-tmdb/queries          its own     the unordered gold set (75)      halves
 restbench-spotify restbench-spotify/queries       its own     the unordered gold set (50)      halves
 toolalpaca        toolalpaca/queries              its own     the unordered gold set (100)     halves
+catalog-needs     needs/catalog                   catalog     the unordered gold set           halves
+bfcl-needs        needs/bfcl                      bfcl        the unordered gold set           halves
+tmdb-needs        needs/tmdb                      tmdb's      the unordered gold set           halves
+spotify-needs     needs/spotify                   spotify's   the unordered gold set           halves
+toolalpaca-needs  needs/toolalpaca                toolalpaca  the unordered gold set           halves
 ================  ==============================  ==========  ===============================  ============
+
+The ``-needs`` sets hold requests that describe a situation or a goal rather than a tool (``"kind": "need"``,
+``LabelledQuery.kind``), written by hand for measuring how a ranker copes with wording that is not the registry's
+(``eval/data/needs/README.md``; ``python -m tooltrie.eval.wording`` checks they avoid their tools' words). Sizes
+(test / validation): 35 / 34, 33 / 32, 32 / 32, 32 / 32, 33 / 33, in the table's order.
 
 **The split rule** (fixed, deterministic, no seed): within each stratum, queries are ordered by the sha256 of their
 normalized text (``normalize``: NFKC, case-folded, whitespace collapsed), ties by line. The first ones are the test
@@ -63,6 +73,7 @@ class LabelledQuery:
     tools: tuple[str, ...]
     where: str = ""
     category: str = ""  # BFCL's category; empty elsewhere
+    kind: str = ""  # "need" for a request that describes a situation (eval/data/needs/); empty: plainly worded
 
     @property
     def k(self) -> int:
@@ -89,6 +100,12 @@ BUNDLED: dict[str, _Bundled] = {
     "bfcl": _Bundled("bfcl/queries.jsonl", BFCL_PATH, "category", test_fraction=0.1),
     **{name: _Bundled(f"{name}/queries.jsonl", DATA_DIR / name / f"{name}.json", "tool-set", halves=True)
        for name in ("restbench-tmdb", "restbench-spotify", "toolalpaca")},
+    # need-describing requests, written by hand (eval/data/needs/README.md): a situation, not the tool's words
+    **{f"{name}-needs": _Bundled(f"needs/{name}.jsonl", registry, "tool-set", halves=True)
+       for name, registry in (("catalog", CATALOG_PATH), ("bfcl", BFCL_PATH),
+                              ("tmdb", DATA_DIR / "restbench-tmdb" / "restbench-tmdb.json"),
+                              ("spotify", DATA_DIR / "restbench-spotify" / "restbench-spotify.json"),
+                              ("toolalpaca", DATA_DIR / "toolalpaca" / "toolalpaca.json"))},
 }
 
 
@@ -202,9 +219,11 @@ def _parse_line(line: str, where: str) -> LabelledQuery:
     k = record.get("k", len(tools))
     if k != len(tools):
         raise DatasetError(f"{where}: 'k' is {k!r} but {len(tools)} tools are given")
-    category = record.get("category", "")
+    category, kind = record.get("category", ""), record.get("kind", "")
+    if not isinstance(kind, str):
+        raise DatasetError(f"{where}: 'kind' must be a string (e.g. \"need\"), got {type(kind).__name__}")
     return LabelledQuery(query=query, tools=tuple(tools), where=where,
-                         category=category if isinstance(category, str) else "")
+                         category=category if isinstance(category, str) else "", kind=kind)
 
 
 @functools.cache
