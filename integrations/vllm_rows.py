@@ -21,7 +21,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from stat import S_ISREG
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -190,7 +190,7 @@ class ArtifactNames:
             try:
                 path, identity = self._find(root_path, name)
             except ValueError as exc:
-                return self._fail(key, str(exc), where)
+                self._fail(key, str(exc), where)
             kept = self._loaded.get(key)
             if kept is not None and kept[0] == identity:
                 self._loaded.move_to_end(key)
@@ -200,7 +200,7 @@ class ArtifactNames:
                 artifact = Artifact.load(path)
             except ArtifactError as exc:  # its message starts with the path: told by name instead
                 reason = str(exc).removeprefix(f"{path}: ")
-                return self._fail(key, f"artifact {name!r} cannot be used: {reason}", where)
+                self._fail(key, f"artifact {name!r} cannot be used: {reason}", where)
             self._loaded[key] = (identity, artifact)
             self._failed.pop(key, None)
             while len(self._loaded) > LOADED_ARTIFACTS:
@@ -222,7 +222,7 @@ class ArtifactNames:
             raise unknown
         return path, (stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
-    def _fail(self, key: tuple[str, str], message: str, where: str) -> Any:
+    def _fail(self, key: tuple[str, str], message: str, where: str) -> NoReturn:
         self._failed[key] = (time.monotonic() + FAILED_TTL_S, message)
         self._failed.move_to_end(key)
         while len(self._failed) > FAILED_NAMES:
