@@ -37,8 +37,8 @@ the rest, less any text already in validation, is the train split. Sizes (test /
 registry ``<name>/<name>.json``, an OpenAI tools list; a few dozen to two hundred queries, most gold sets seen
 once): no train split. The queries are ordered by stratum (the gold set's sorted names), then by text hash, then by
 line, and alternate down that order, test first: every stratum is split as evenly as it can be, and the strata seen
-once fall about evenly between the two halves. Test texts of every set are then withheld from the validation half as above.
-Sizes (test / validation): 50 / 50 (restbench-tmdb), 28 / 28 (restbench-spotify), 104 / 104 (toolalpaca).
+once fall about evenly between the two halves. Test texts of every set are then withheld from the validation half
+as above. Sizes (test / validation): 50 / 50 (restbench-tmdb), 28 / 28 (restbench-spotify), 104 / 104 (toolalpaca).
 """
 
 from __future__ import annotations
