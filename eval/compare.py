@@ -2,8 +2,8 @@
 
 Two arms scored on the same queries (two arms of one ``results.json``, or of two runs) agree on most answers; only
 the answers they score differently say which is better. ``compare`` pairs the answers (by query and gold tools, in
-order, so a repeated query pairs with its own repetition) and reports, per rate (exact set, top-1, recall@k), overall
-and per k:
+order, so a repeated query pairs with its own repetition) and reports, per rate (exact set, top-1, recall@k), overall,
+per k and, where the answers are of several kinds (plainly worded and need-describing requests), per kind:
 
 - both arms' means and the difference;
 - a 95 % interval for the difference from a paired bootstrap (seeded per row: the same files give the same
@@ -38,6 +38,7 @@ class ArmAnswers:
     label: str
     keys: tuple[tuple[str, tuple[str, ...], int], ...]  # (query, gold tools, occurrence of this pair)
     predicted: tuple[tuple[str, ...], ...]
+    kinds: tuple[str, ...] = ()  # per answer: "plain", "need" (the answer's "kind"; "plain" where it has none)
 
     @classmethod
     def load(cls, spec: str | Path) -> ArmAnswers:
@@ -58,7 +59,7 @@ class ArmAnswers:
         arms = list(results.get("arms", {}))
         if arm not in arms:
             raise ResultsError(f"{where}: no arm {arm!r}; it holds {', '.join(arms) or 'none'}")
-        keys, predicted = [], []
+        keys, predicted, kinds = [], [], []
         seen: dict[tuple[str, tuple[str, ...]], int] = {}
         for number, answer in enumerate(results.get("answers", []), 1):
             try:
@@ -69,9 +70,11 @@ class ArmAnswers:
             seen[pair] = seen.get(pair, 0) + 1
             keys.append((*pair, seen[pair]))
             predicted.append(names)
+            kinds.append(str(answer.get("kind") or "plain"))
         if not keys:
             raise ResultsError(f"{where}: holds no answers (none in the {ANSWERS_FILE} beside it)")
-        return cls(f"{where.parent if where.name == RESULTS_FILE else where}:{arm}", tuple(keys), tuple(predicted))
+        return cls(f"{where.parent if where.name == RESULTS_FILE else where}:{arm}", tuple(keys), tuple(predicted),
+                   tuple(kinds))
 
     def rates(self, rate: str) -> dict[tuple[str, tuple[str, ...], int], float]:
         return {key: answer_rates(names, key[1])[rate] for key, names in zip(self.keys, self.predicted, strict=True)}
@@ -91,6 +94,7 @@ class Difference:
     a_better: int
     b_better: int
     p: float  # the exact two-sided sign test on a_better against b_better
+    kind: str | None = None  # a row of one kind's answers ("plain", "need"); None: every kind
 
     @property
     def difference(self) -> float:
@@ -99,7 +103,8 @@ class Difference:
 
 def compare(a: ArmAnswers, b: ArmAnswers, *, rates: Sequence[str] = tuple(RATES), resamples: int = RESAMPLES,
             seed: int = 0) -> list[Difference]:
-    """Each rate over every answer, then per k where the answers have more than one k."""
+    """Each rate over every answer, then per k where the answers have more than one k, then per kind (plain,
+    need) where they have more than one kind (the kinds of ``a``'s answers)."""
     unknown = [rate for rate in rates if rate not in RATES]
     if unknown:
         raise ResultsError(f"unknown rate {unknown[0]!r}; choose from {', '.join(RATES)}")
@@ -109,20 +114,25 @@ def compare(a: ArmAnswers, b: ArmAnswers, *, rates: Sequence[str] = tuple(RATES)
                            f"{only_b} only in the second): compare arms evaluated on the same split")
     keys = sorted(a.keys)
     ks = sorted({len(key[1]) for key in keys})
-    groups: list[tuple[int | None, list[Any]]] = [(None, keys)]
+    groups: list[tuple[int | None, str | None, list[Any]]] = [(None, None, keys)]
     if len(ks) > 1:
-        groups += [(k, [key for key in keys if len(key[1]) == k]) for k in ks]
+        groups += [(k, None, [key for key in keys if len(key[1]) == k]) for k in ks]
+    kind_of = dict(zip(a.keys, a.kinds, strict=True)) if a.kinds else {}
+    kinds = sorted(set(kind_of.values()))
+    if len(kinds) > 1:
+        groups += [(None, kind, [key for key in keys if kind_of[key] == kind]) for kind in kinds]
     rows = []
     for rate in rates:
         values_a, values_b = a.rates(rate), b.rates(rate)
-        for k, chosen in groups:
+        for k, kind, chosen in groups:
             x = np.array([values_a[key] for key in chosen])
             y = np.array([values_b[key] for key in chosen])
-            rng = np.random.default_rng([seed, list(RATES).index(rate), k or 0])  # a row's own: whatever else is asked
-            low, high = bootstrap_interval(x - y, resamples=resamples, rng=rng)
+            # a row's own generator, whatever else is asked
+            entropy = [seed, list(RATES).index(rate), k or 0, *([1 + kinds.index(kind)] if kind else [])]
+            low, high = bootstrap_interval(x - y, resamples=resamples, rng=np.random.default_rng(entropy))
             wins, losses = int((x > y).sum()), int((x < y).sum())
             rows.append(Difference(rate, k, len(chosen), float(x.mean()), float(y.mean()), low, high, wins, losses,
-                                   sign_test(wins, losses)))
+                                   sign_test(wins, losses), kind))
     return rows
 
 
@@ -156,10 +166,11 @@ def bootstrap_interval(differences: np.ndarray, *, resamples: int, rng: np.rando
 def markdown(a: ArmAnswers, b: ArmAnswers, rows: Sequence[Difference]) -> str:
     """A table of ``rows``, rates in % and differences in points."""
     lines = [f"A: {a.label}", f"B: {b.label}", "",
-             "| rate | k | answers | A | B | A - B | 95 % interval | A better | B better | sign test p |",
+             "| rate | k or kind | answers | A | B | A - B | 95 % interval | A better | B better | sign test p |",
              "|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
     for row in rows:
-        lines.append(f"| {RATES[row.rate]} | {'all' if row.k is None else row.k} | {row.answers} | {row.a:.1%} | "
+        group = row.kind or ("all" if row.k is None else row.k)
+        lines.append(f"| {RATES[row.rate]} | {group} | {row.answers} | {row.a:.1%} | "
                      f"{row.b:.1%} | {100 * row.difference:+.1f} | {100 * row.low:+.1f} to {100 * row.high:+.1f} | "
                      f"{row.a_better} | {row.b_better} | {row.p:.3g} |")
     return "\n".join(lines) + "\n"

@@ -4,7 +4,9 @@ Queries are grouped by k (the prompt names k) and answered in batches of ``EvalS
 batch by batch, so a load spike on a shared machine hits every arm alike. **Latency** is a batch's wall time divided
 by its size (ms per answer, amortised; with ``batch_size=1`` the plain latency of one answer), the same for every arm.
 Besides the scores, each answer's tokens are replayed through the trie (``trie_accepted``: the trie would have
-produced exactly these tokens), which shows what a string-level grammar lets through.
+produced exactly these tokens), which shows what a string-level grammar lets through. Where the queries are of more
+than one kind (plainly worded and need-describing, ``LabelledQuery.kind``), every arm is also summarised per kind
+(``by_kind``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from tooltrie.eval.datasets import LabelledQuery
 from tooltrie.eval.results import FORMAT, VERSION
 from tooltrie.eval.scoring import Outcome, score, summarize
 from tooltrie.kernels.matcher import TrieMatcher
+
+PLAIN = "plain"  # the kind of a query that has none: worded like the registry
 
 
 @dataclass
@@ -74,6 +78,20 @@ def trie_accepts(setup: EvalSetup, token_ids: Sequence[int], k: int) -> bool:
     return all(matcher.accept_token(int(t)) for t in token_ids) and matcher.is_terminated()
 
 
+def by_kind(queries: Sequence[LabelledQuery]) -> dict[str, list[int]]:
+    """The queries' indices per kind ("plain" for a query without one, "need" for a need-describing request), kinds
+    in sorted order: the groups every arm is reported in when a run holds more than one.
+
+    >>> by_kind([LabelledQuery("weather in Lisbon", ("WeatherTool",)),
+    ...          LabelledQuery("pack an umbrella?", ("WeatherTool",), kind="need")])
+    {'need': [1], 'plain': [0]}
+    """
+    groups: dict[str, list[int]] = {}
+    for i, query in enumerate(queries):
+        groups.setdefault(query.kind or PLAIN, []).append(i)
+    return dict(sorted(groups.items()))
+
+
 def _batches(queries: Sequence[LabelledQuery], size: int) -> list[list[int]]:
     """Indices in batches of at most ``size`` queries sharing a k, in order of k, then of the queries."""
     by_k: dict[int, list[int]] = {}
@@ -86,9 +104,12 @@ def _batches(queries: Sequence[LabelledQuery], size: int) -> list[list[int]]:
 def _results_object(queries: Sequence[LabelledQuery], results: dict[str, ArmResult], setup: EvalSetup,
                     meta: dict[str, Any]) -> dict[str, Any]:
     ks = sorted({q.k for q in queries})
+    kinds = by_kind(queries)
     artifact = setup.artifact
     arms = {name: {"summary": result.summary(),
-                   "by_k": {str(k): result.summary([i for i, q in enumerate(queries) if q.k == k]) for k in ks}}
+                   "by_k": {str(k): result.summary([i for i, q in enumerate(queries) if q.k == k]) for k in ks},
+                   **({"by_kind": {kind: result.summary(chosen) for kind, chosen in kinds.items()}}
+                      if len(kinds) > 1 else {})}
             for name, result in results.items()}
     if "engine" in results:  # the other engines given the same prompt ids: greedy, they should answer the same
         engine = results["engine"].predictions
@@ -103,6 +124,7 @@ def _results_object(queries: Sequence[LabelledQuery], results: dict[str, ArmResu
             **meta,
             "queries": len(queries),
             "ks": ks,
+            "kinds": list(kinds),
             "batch_size": setup.batch_size,
             "max_new_tokens_unconstrained": setup.max_new_tokens,
             "registry": {"name": artifact.registry.name, "sha256": artifact.registry.sha256,
@@ -116,7 +138,7 @@ def _results_object(queries: Sequence[LabelledQuery], results: dict[str, ArmResu
                     "python": platform.python_version(), "versions": _versions()},
         "arms": arms,
         "answers": [
-            {"query": q.query, "gold": list(q.tools), "where": q.where,
+            {"query": q.query, "gold": list(q.tools), "where": q.where, **({"kind": q.kind} if q.kind else {}),
              **{name: {"text": r.predictions[i].text, "predicted": list(r.outcomes[i].predicted),
                        "finish_reason": r.predictions[i].finish_reason, "valid": r.outcomes[i].valid,
                        "exact": r.outcomes[i].exact, "trie_accepted": r.trie_accepted[i]}

@@ -51,7 +51,8 @@ def write_results(results: dict[str, Any], out_dir: str | Path, *, plots: bool =
 
 
 def markdown(results: dict[str, Any], *, images: list[str] | None = None) -> str:
-    """The report: settings, then one table row per arm (and per arm and k when there are several k)."""
+    """The report: settings, then one table row per arm (and per arm and k when there are several k, per arm and
+    kind when the queries are of several kinds: plain and need-describing)."""
     settings = results["settings"]
     lines = [f"# Evaluation: {settings.get('dataset', 'queries')}", ""]
     for key in ("dataset", "split", "model", "prompt_style", "queries", "ks", "batch_size"):
@@ -67,9 +68,12 @@ def markdown(results: dict[str, Any], *, images: list[str] | None = None) -> str
                      f"{machine.get('python')}; {versions}")
     lines += ["", "Scores are read through the contract's `parse`; latency is ms per answer (a batch's wall time / "
               "its size).", ""]
-    lines += _table(results, by_k=False)
+    lines += _table(results)
     if len(settings.get("ks", [])) > 1:
-        lines += ["", "By k:", "", *_table(results, by_k=True)]
+        lines += ["", "By k:", "", *_table(results, group="by_k")]
+    if any("by_kind" in data for data in results["arms"].values()):
+        lines += ["", "By kind (plain: worded like the registry; need: a situation or a goal, not the tool's words):",
+                  "", *_table(results, group="by_kind")]
     same = {arm: data["summary"]["same_as_engine"] for arm, data in results["arms"].items()
             if data["summary"].get("same_as_engine") is not None}
     if same:
@@ -84,14 +88,19 @@ def markdown(results: dict[str, Any], *, images: list[str] | None = None) -> str
     return "\n".join(lines) + "\n"
 
 
-def _table(results: dict[str, Any], *, by_k: bool) -> list[str]:
-    head = ["arm", *(["k"] if by_k else []), *(title for _, title, _ in TABLE_COLUMNS)]
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * (2 if by_k else 1) + ["---:"] *
+def _table(results: dict[str, Any], *, group: str | None = None) -> list[str]:
+    """One row per arm, or with ``group`` ("by_k", "by_kind") one per arm and group."""
+    head = ["arm", *([{"by_k": "k", "by_kind": "kind"}[group]] if group else []),
+            *(title for _, title, _ in TABLE_COLUMNS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * (2 if group else 1) + ["---:"] *
                                                             len(TABLE_COLUMNS)) + "|"]
     for arm, data in results["arms"].items():
-        rows = sorted(data["by_k"].items(), key=lambda e: int(str(e[0]))) if by_k else [(None, data["summary"])]
+        if group == "by_k":
+            rows = sorted(data["by_k"].items(), key=lambda e: int(str(e[0])))
+        else:
+            rows = list(data.get(group, {}).items()) if group else [(None, data["summary"])]
         for k, summary in rows:
-            cells = [arm, *([k] if by_k else [])]
+            cells = [arm, *([k] if group else [])]
             cells += ["-" if summary.get(key) is None else fmt.format(summary[key]) for key, _, fmt in TABLE_COLUMNS]
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return lines
@@ -111,10 +120,12 @@ def _against_retrieval(results: dict[str, Any]) -> list[str]:
     retrieval = ArmAnswers.of(results, "retrieval", where=where)
     for arm in arms:
         if arm != "retrieval":
-            row = compare(ArmAnswers.of(results, arm, where=where), retrieval, rates=["exact"])[0]
-            lines.append(f"| {arm} | {row.a:.1%} | {row.b:.1%} | {100 * row.difference:+.1f} points "
-                         f"({100 * row.low:+.1f} to {100 * row.high:+.1f}) | {row.a_better} | {row.b_better} | "
-                         f"{row.p:.3g} |")
+            rows = compare(ArmAnswers.of(results, arm, where=where), retrieval, rates=["exact"])
+            for row in (row for row in rows if row.k is None):  # every answer, then each kind where there are two
+                label = arm if row.kind is None else f"{arm} ({row.kind})"
+                lines.append(f"| {label} | {row.a:.1%} | {row.b:.1%} | {100 * row.difference:+.1f} points "
+                             f"({100 * row.low:+.1f} to {100 * row.high:+.1f}) | {row.a_better} | {row.b_better} | "
+                             f"{row.p:.3g} |")
     return lines
 
 
