@@ -103,13 +103,15 @@ def training_code_version() -> str:
 
 
 def replayed_sets(registry: str) -> tuple[list[str], Path]:
-    """The bundled labelled sets of the bundled registry named ``registry`` ("catalog": MetaTool's two, "bfcl"), and
-    that registry's file."""
+    """The bundled labelled sets with a train split of the bundled registry named ``registry`` ("catalog": MetaTool's
+    two, "bfcl"), and that registry's file. Sets split in halves (validation and test only, e.g. the need-describing
+    requests) are never trained on."""
     from tooltrie.eval.datasets import BUNDLED, registry_path
 
-    sets = [name for name in BUNDLED if registry_path(name).stem == registry]
+    trained = [name for name, bundled in BUNDLED.items() if not bundled.halves]
+    sets = [name for name in trained if registry_path(name).stem == registry]
     if not sets:
-        names = sorted({registry_path(name).stem for name in BUNDLED})
+        names = sorted({registry_path(name).stem for name in trained})
         raise ValueError(f"recipe: replay {registry!r} is not a bundled registry with labelled requests; "
                          f"choose one of {', '.join(names)}")
     return sets, registry_path(sets[0])
