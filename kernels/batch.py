@@ -67,6 +67,8 @@ class Backend(Protocol):
 
     def mask_logits_(self, state: BatchState, rows: npt.NDArray[np.int32], logits: Any, bitmask: Any) -> None: ...
 
+    def fuse_logits_(self, state: BatchState, rows: npt.NDArray[np.int32], logits: Any) -> None: ...
+
     def choose(self, state: BatchState, rows: npt.NDArray[np.int32], scores: Any, hidden: Any,
                vocab: VocabMap | None, out: Outputs) -> None: ...
 
@@ -231,6 +233,19 @@ class TrieBatch:
         if self._bitmask is None or tuple(self._bitmask.shape) != shape:
             self._bitmask = self.backend.bitmask(shape)
         self.backend.mask_logits_(self.state, self._rows(rows, logits.shape[0]), logits, self._bitmask)
+
+    def fuse_logits_(self, logits: Any, rows: Rows = None) -> None:
+        """As :meth:`mask_logits_`, and a row with a ranker (``add(prior=...)``) gets its options' fused values over
+        its legal logits (``walk.fuse_row``), in place: an argmax of row i (ties to the lower id) is the token
+        :meth:`choose` would take, and its log-softmax is the choice's score, ``best - log_total`` of the stats.
+        An engine that can only edit logits (vLLM's processors) then lets its greedy sampler take the fused
+        choice. Ranked rows need float32 logits."""
+        self.mask_logits_(logits, rows)
+        if not self.state.ranker.shape[0]:
+            return
+        if str(logits.dtype).removeprefix("torch.") != "float32":
+            raise DecodeError(f"fused values need float32 logits, got {logits.dtype}")
+        self.backend.fuse_logits_(self.state, self._rows(rows, logits.shape[0]), logits)
 
     def choose(self, logits: Any, rows: Rows = None, *, vocab: VocabMap | None = None) -> Choice:
         """Argmax over each row's legal tokens (ties toward the lower id), the advance, the statistics a score

@@ -24,6 +24,7 @@ from tooltrie.kernels.walk import (
     copy_legal,
     fill_rows,
     forced_rows,
+    fuse_rows,
     mask_rows,
     no_ranker,
 )
@@ -94,6 +95,13 @@ class CpuBackend(HostState):
         self.fill_bitmask(state, rows, bitmask)
         bits, minus_inf = logits_bits(logits)
         mask_rows(bitmask, rows, bits, minus_inf)
+
+    def fuse_logits_(self, state: BatchState, rows: npt.NDArray[np.int32], logits: Any) -> None:
+        """After ``mask_logits_``: each ranked row's legal logits become its option values (``walk.fuse_row``)."""
+        bits, _ = logits_bits(logits)
+        fuse_rows(self.trie, self.n_tools, self.eos_id, state.table, state.counts, state.allowed, rows,
+                  bits.view(np.float32), bits, None, VocabMap.identity(bits.shape[1]).full_to_output,
+                  self.ranked(state))
 
     def choose(self, state: BatchState, rows: npt.NDArray[np.int32], scores: Any, hidden: Any,
                vocab: VocabMap | None, out: Outputs) -> None:

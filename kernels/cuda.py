@@ -46,7 +46,7 @@ accept_token, beats, best_move, best_plain, choose_row, follow_forced = (
     walk.accept_token, walk.beats, walk.best_move, walk.best_plain, walk.choose_row, walk.follow_forced)
 clear_words, is_plain, mark_row, plain_excluded = walk.clear_words, walk.is_plain, walk.mark_row, walk.plain_excluded
 put_decision, take_move, take_plain = walk.put_decision, walk.take_move, walk.take_plain
-has_ranker = walk.has_ranker
+fuse_row, has_ranker = walk.fuse_row, walk.has_ranker
 lse_merge, no_stats, put_stats = walk.lse_merge, walk.no_stats, walk.put_stats
 
 LOG = logging.getLogger(__name__)
@@ -179,6 +179,16 @@ def _forced_row(trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, a
 
 
 @cuda.jit(device=True)
+def _fuse_row(trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any, rows: Any, logits: Any,
+              logits_bits: Any, hidden: Any, full_to_output: Any, ranked: Any) -> None:
+    """Thread ``i`` writes score row ``i``'s fused values (``walk.fuse_row``; a ranked row is one lane's scan)."""
+    i = cuda.grid(1)
+    if i < rows.shape[0]:
+        fuse_row(rows[i], i, trie, n_tools, eos_id, table, counts, allowed, logits, logits_bits, hidden,
+                 full_to_output, ranked)
+
+
+@cuda.jit(device=True)
 def _fill_row(trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any, rows: Any,
               bitmask: Any) -> None:
     """Block ``i`` fills ``bitmask[i]`` (see ``walk.fill_rows`` for what each row gets)."""
@@ -241,7 +251,14 @@ def make_kernels(arrays: dict[str, np.ndarray[Any, Any]] | None, layout: str) ->
              bitmask: Any) -> None:
         _fill_row(load(buffer, offsets), n_tools, eos_id, table, counts, allowed, rows, bitmask)
 
-    return {"choose": choose, "accept": accept, "forced": forced, "fill": fill}
+    @cuda.jit
+    def fuse(buffer: Any, offsets: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any, rows: Any,
+             logits: Any, logits_bits: Any, hidden: Any, full_to_output: Any, ranker: Any, below_start: Any,
+             below_tools: Any) -> None:
+        _fuse_row(load(buffer, offsets), n_tools, eos_id, table, counts, allowed, rows, logits, logits_bits, hidden,
+                  full_to_output, (ranker, below_start, below_tools))
+
+    return {"choose": choose, "accept": accept, "forced": forced, "fill": fill, "fuse": fuse}
 
 
 @cuda.jit
@@ -385,6 +402,23 @@ class CudaBackend:
         column_blocks = 1 if config.ENABLE_CUDASIM else min(32, (bits.shape[1] + 255) // 256)
         self._configured(_mask_kernel, "mask", (len(rows), column_blocks), (1, 256), logits)(
             bitmask, device_rows, bits, minus_inf)
+
+    def fuse_logits_(self, state: BatchState, rows: Any, logits: Any) -> None:
+        """After ``mask_logits_``: each ranked row's legal logits become its option values, a thread per row."""
+        if not len(rows):
+            return
+        # The kernel writes floats and nudges their bits: two views of one memory, so host logits go up once
+        # (a launch would copy each view up and back on its own, the later copy undoing the earlier one's writes).
+        values = cuda.to_device(logits, stream=self._stream()) if isinstance(logits, np.ndarray) else logits
+        bits, _ = _logits_bits(values)
+        full_to_output, _ = _device_maps(VocabMap.identity(bits.shape[1]), self._stream(logits))
+        self._launch("fuse", _blocks(len(rows)), THREADS_PER_BLOCK, logits, *self._trie_args, self.n_tools,
+                     self.eos_id, self.table, self.counts, self.allowed, self._device(rows), values, bits,
+                     self._no_hidden, full_to_output, *self._ranked())
+        if values is not logits:
+            values.copy_to_host(logits, stream=self._stream())
+            if self._stream():
+                self._stream().synchronize()
 
     def choose(self, state: BatchState, rows: Any, scores: Any, hidden: Any, vocab: VocabMap | None,
                out: Outputs) -> None:

@@ -43,7 +43,7 @@ def _pretend_device(compute_capability: tuple[int, int]) -> Iterator[None]:
 def compile_variant(artifact: Artifact, *, placement: str, layout: str, score_kind: str,
                     compute_capability: tuple[int, int] = (9, 0)) -> dict[str, str]:
     """The PTX of one variant's kernels for this artifact: the choice for ``score_kind``, and accept, forced runs,
-    the bitmask fill and the logits mask (for the logits' integer width)."""
+    the bitmask fill, the fused values (float32 logits) and the logits mask (for the logits' integer width)."""
     from numba import cuda, types
 
     from tooltrie.kernels.cuda import _mask_kernel, make_kernels
@@ -66,6 +66,8 @@ def compile_variant(artifact: Artifact, *, placement: str, layout: str, score_ki
         "accept": (*trie, count, count, count, *state, index, types.int32[:, ::1], index),
         "forced": (*trie, count, count, *state, index, types.int32[:, ::1], index),
         "fill": (*trie, count, count, *state, index, types.int32[:, ::1]),
+        "fuse": (*trie, count, count, *state, index, types.float32[:, ::1], types.int32[:, ::1], dense, index,
+                 types.float32[:, ::1], index, index),  # float32 logits, their bits, the ranker
     }
     bits = types.int16[:, ::1] if score_kind in ("bfloat16-bits", "float16") else types.int32[:, ::1]
     with _pretend_device(compute_capability):

@@ -17,7 +17,7 @@ import numpy.typing as npt
 from tooltrie.compiler.artifact import Artifact
 from tooltrie.compiler.trie import CompiledTrie
 from tooltrie.kernels.bitmask import apply_token_bitmask_inplace, set_allowed
-from tooltrie.kernels.cpu import HostState, Outputs, as_numpy_scores, check_stats, no_rows
+from tooltrie.kernels.cpu import HostState, Outputs, as_numpy_scores, check_stats, logits_bits, no_rows
 from tooltrie.kernels.rules import Move, Slot, Status, advance, fail, legal_moves
 from tooltrie.kernels.state import DONE, ERROR, RUNNING, BatchState
 from tooltrie.kernels.vocab import VocabMap, check_step_inputs
@@ -92,6 +92,37 @@ class ReferenceBackend(HostState):
     def mask_logits_(self, state: BatchState, rows: npt.NDArray[np.int32], logits: Any, bitmask: Any) -> None:
         self.fill_bitmask(state, rows, bitmask)
         apply_token_bitmask_inplace(logits, bitmask, indices=np.flatnonzero(rows >= 0))
+
+    def fuse_logits_(self, state: BatchState, rows: npt.NDArray[np.int32], logits: Any) -> None:
+        """After ``mask_logits_``: each ranked row's legal logits become its option values (``fused_values``), the
+        group of hops (a name that may end or go on) permuted so the hop ``fused_values`` would emit holds the
+        group's maximum, and every other value tied with the chosen token's (as float32) one float step down;
+        ``walk.fuse_row`` is the compiled twin."""
+        values_out = logits_bits(logits)[0].view(np.float32)
+        for i, row in enumerate(rows.tolist()):
+            if (row < 0 or state.status[row] != RUNNING or not state.constrained[row] or state.thinking[row]
+                    or not state.ranker.shape[0] or math.isnan(state.ranker[row, 0])):
+                continue
+            slot, moves = self._moves(state, row)
+            out = values_out[i]
+            candidates = [(_value(float(out[t])), t) for t in moves if t < len(out)]
+            values, chosen = self._ranked(slot, moves, candidates, state.ranker[row])
+            if chosen < 0:
+                continue
+            for value, token in values:
+                out[token] = value
+            kinds = {moves[token].kind for _, token in candidates}
+            if "hop" in kinds and "edge" in kinds:  # grouped: the name may end here or go on
+                hops = [(raw, token) for raw, token in candidates if moves[token].kind == "hop"]
+                _, hop_token = self._ranked(slot, moves, hops, state.ranker[row])  # by the next tool's prior
+                value_of = {token: value for value, token in values}  # float64, as the walk compares them
+                holder = _best([(value_of[t], t) for _, t in hops])
+                out[hop_token], out[holder] = out[holder], out[hop_token]
+            top = out[chosen]
+            if top != -np.inf:
+                for _, token in candidates:
+                    if token != chosen and out[token] == top:
+                        out[token] = np.nextafter(out[token], np.float32(-np.inf))
 
     def choose(self, state: BatchState, rows: npt.NDArray[np.int32], scores: Any, hidden: Any,
                vocab: VocabMap | None, out: Outputs) -> None:

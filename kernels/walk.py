@@ -658,6 +658,82 @@ def choose_row(row: int, srow: int, trie: Any, n_tools: int, eos_id: int, reason
     follow_forced(row, srow, trie, n_tools, eos_id, table, counts, allowed, forced, n_forced)
 
 
+@_jit
+def fuse_row(row: int, srow: int, trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any,
+             logits: Any, logits_bits: Any, hidden: Any, full_to_output: Any, ranked: Any) -> None:
+    """Write a ranked row's option values over its legal logits (float32 ``logits[srow]``, already masked, and
+    ``logits_bits``, the same memory as int32), so that the argmax of the row (its only maximum) is the token
+    :func:`best_move` chooses and its log-softmax is the choice's ``best - log_total``. Each legal token gets its
+    value as :func:`best_move` adds it to the statistics; where a name may end or go on, those of the hops (each
+    valued by the ending tool's prior) are permuted so the hop that starts the next tool holds the group's
+    maximum. Every other value that ties the chosen token's (after rounding to float32) is moved one float step
+    down, so the chosen token is the row's only maximum: the multiset of values is the choice's, but for that
+    nudge. Rows not running, unconstrained, thinking or without a ranker are left as they are."""
+    if row < 0 or table[row, STATUS] != RUNNING or is_plain(table, row) or not has_ranker(ranked[0], row):
+        return
+    chosen = best_move(row, srow, 0, 1, trie, n_tools, eos_id, table, counts, allowed, logits, hidden,
+                       full_to_output, False, ranked)[1]
+    if chosen < 0:
+        return
+    fr = frame(row, trie, table, allowed)
+    ranker = ranked[0]
+    weight, tool = float(ranker[row, 0]), fr[6]
+    end_prior = float(ranker[row, 1 + tool]) if tool >= 0 else 0.0
+    grouped = fr[5] > 0 and continues_name(row, fr, trie, n_tools, table, counts, full_to_output)
+    hop_value, hop_token, hop_col = -np.inf, -1, -1
+    group_value, group_token, group_col = -np.inf, -1, -1
+    crossing_edge, crossing_times = -1, 0
+    for i in range(n_candidates(fr)):
+        edge, kind, count, crossing_edge, crossing_times = open_edge(i, 1, row, fr, trie, n_tools, table, counts,
+                                                                     crossing_edge, crossing_times)
+        token = trie[1][edge]
+        col = full_to_output[token]
+        if count > 0 and col >= 0:
+            raw = score(logits, hidden, srow, col)
+            value = fuse(weight, raw, edge_prior(row, edge, -1 if kind == MOVE_EDGE else tool, table, allowed,
+                                                 ranked))
+            if grouped and kind == MOVE_HOP:
+                if beats(value, token, hop_value, hop_token):
+                    hop_value, hop_token, hop_col = value, token, col
+                value = fuse(weight, raw, end_prior)
+                if beats(value, token, group_value, group_token):
+                    group_value, group_token, group_col = value, token, col
+            logits[srow, col] = value
+    if fr[7] and full_to_output[eos_id] >= 0:
+        col = full_to_output[eos_id]
+        logits[srow, col] = fuse(weight, score(logits, hidden, srow, col), end_prior)
+    if hop_col >= 0 and group_col != hop_col:  # the hop that would start the next tool holds the group's value
+        held = logits[srow, hop_col]
+        logits[srow, hop_col] = logits[srow, group_col]
+        logits[srow, group_col] = held
+    top = logits[srow, full_to_output[chosen]]
+    if top == -np.inf:
+        return
+    if fr[7] and eos_id != chosen and logits[srow, full_to_output[eos_id]] == top:
+        step_down(logits_bits, srow, full_to_output[eos_id])
+    crossing_edge, crossing_times = -1, 0
+    for i in range(n_candidates(fr)):
+        edge, kind, count, crossing_edge, crossing_times = open_edge(i, 1, row, fr, trie, n_tools, table, counts,
+                                                                     crossing_edge, crossing_times)
+        token = trie[1][edge]
+        col = full_to_output[token]
+        if count > 0 and col >= 0 and token != chosen and logits[srow, col] == top:
+            step_down(logits_bits, srow, col)
+
+
+@_jit
+def step_down(bits: Any, row: int, col: int) -> None:
+    """``nextafter(x, -inf)`` of a finite float32 held as its int32 bits: sign-magnitude, so a positive value loses
+    one from its bits, a negative one (and -0.0) gains one, and +0.0 becomes the negative smallest subnormal."""
+    value = bits[row, col]
+    if value > 0:
+        bits[row, col] = value - 1
+    elif value == 0:
+        bits[row, col] = np.int32(-2147483647)
+    else:
+        bits[row, col] = value + 1
+
+
 # -- the CPU backend's batch loops (``kernels/cpu.py``); ``rows[i]`` is the state row of score row i, -1: none -----
 
 @_entry
@@ -669,6 +745,15 @@ def choose_rows(trie: Any, n_tools: int, eos_id: int, reasoning_end_id: int, tab
     for srow in range(rows.shape[0]):
         choose_row(rows[srow], srow, trie, n_tools, eos_id, reasoning_end_id, table, counts, allowed, scores, hidden,
                    n_cols, full_to_output, output_to_full, chosen, stats, decision, forced, n_forced, ranked)
+
+
+@_entry
+def fuse_rows(trie: Any, n_tools: int, eos_id: int, table: Any, counts: Any, allowed: Any, rows: Any, logits: Any,
+              logits_bits: Any, hidden: Any, full_to_output: Any, ranked: Any) -> None:
+    """Each ranked row's option values over its masked logits (:func:`fuse_row`), one after another."""
+    for srow in range(rows.shape[0]):
+        fuse_row(rows[srow], srow, trie, n_tools, eos_id, table, counts, allowed, logits, logits_bits, hidden,
+                 full_to_output, ranked)
 
 
 @_entry
