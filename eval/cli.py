@@ -19,7 +19,8 @@ def add_commands(commands: Any) -> None:
 
     ev = commands.add_parser("eval", help="score a model and an artifact on labelled queries, per arm")
     ev.add_argument("--dataset", default="metatool-single",
-                    help="NAME[:SPLIT] of a bundled set (default split: test) or a JSONL file of {query, tools}")
+                    help="NAME[:SPLIT] of a bundled set (default split: test) or a JSONL file of {query, tools}; "
+                         "several joined by commas (one registry)")
     ev.add_argument("--arms", default=DEFAULT_EVAL_ARMS,
                     help=f"comma-separated: engine, fused, hf, unconstrained, xgrammar, retrieval (dense), lexical, "
                          f"hybrid, vllm, "
@@ -85,11 +86,37 @@ def registry_and_artifact(registry_path: Path | None, artifact_path: Path | None
     return tokenizer, artifact_from(registry_path or default_registry, tokenizer, separator=separator)
 
 
+def dataset_parts(spec: str) -> list[tuple[str, str]]:
+    """``--dataset``'s sets as (name, split): ``NAME[:SPLIT]`` (a bundled set, test by default; a JSONL file, read
+    whole), several joined by commas, e.g. plain and need-describing requests in one run (its report groups them).
+
+    >>> dataset_parts("catalog-needs:validation,metatool-single")
+    [('catalog-needs', 'validation'), ('metatool-single', 'test')]
+    """
+    parts = []
+    for entry in (part.strip() for part in spec.split(",")):
+        name, _, split = entry.partition(":")
+        parts.append((name, split or ("test" if name in BUNDLED else "all")))
+    return parts
+
+
+def dataset_registry(parts: list[tuple[str, str]]) -> Path | None:
+    """The one registry the bundled sets among ``parts`` are labelled over (None: none is bundled); sets over two
+    registries cannot be scored in one run."""
+    from tooltrie.eval.datasets import DatasetError, registry_path
+
+    registries = {registry_path(name) for name, _ in parts if name in BUNDLED}
+    if len(registries) > 1:
+        raise DatasetError(f"--dataset: the sets are labelled over different registries "
+                           f"({', '.join(sorted(path.name for path in registries))}); evaluate them one at a time")
+    return registries.pop() if registries else None
+
+
 def _eval(args: argparse.Namespace) -> int:
     from transformers.utils import logging as transformers_logging
 
     from tooltrie.eval.backends import PRIOR_ARMS, EvalSetup
-    from tooltrie.eval.datasets import check_labels, load_split, registry_path
+    from tooltrie.eval.datasets import check_labels, load_split
     from tooltrie.eval.harness import evaluate
     from tooltrie.eval.report import write_results
     from tooltrie.ranker import needs_encoder, ranker_for
@@ -100,9 +127,9 @@ def _eval(args: argparse.Namespace) -> int:
     from tooltrie.serve.prompt import Prompt
 
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-    name, _, split = args.dataset.partition(":")
-    bundled = name in BUNDLED
-    queries = load_split(name, split or ("test" if bundled else "all"))
+    parts = dataset_parts(args.dataset)
+    labelled_over = dataset_registry(parts) or CATALOG_PATH  # before the model loads: a bad mix fails at once
+    queries = [query for name, split in parts for query in load_split(name, split)]
     if args.limit is not None:
         queries = queries[: args.limit]
     if args.sample is not None and args.sample < len(queries):
@@ -110,7 +137,7 @@ def _eval(args: argparse.Namespace) -> int:
     model, info = load_model(args.model, adapter=not args.base, dtype=serving_dtype(args.dtype))
     tokenizer, artifact = registry_and_artifact(
         args.registry, args.artifact, args.tokenizer or info.tokenizer,
-        registry_path(name) if bundled else CATALOG_PATH, separator=args.separator)
+        labelled_over, separator=args.separator)
     mismatch = training_mismatch(info.adapter, artifact)
     if mismatch:
         print(f"tooltrie eval: warning: {mismatch}", file=sys.stderr)
@@ -129,7 +156,7 @@ def _eval(args: argparse.Namespace) -> int:
                       options={"ranker": ranker, "vllm": vllm_options(args.vllm),
                                "retrieval": ranker_for(artifact, args.artifact or args.registry, weights,
                                                        prior=args.prior) if ranked else None})
-    meta = {"dataset": name if bundled else str(name), "split": split or ("test" if bundled else "all"),
+    meta = {"dataset": ",".join(name for name, _ in parts), "split": ",".join(split for _, split in parts),
             "model": info.name, "model_fingerprint": info.fingerprint, "dtype": str(info.dtype).removeprefix("torch."),
             "prompt_style": style, "limit": args.limit,
             "adapter": None if info.adapter is None else str(info.adapter.path),

@@ -145,6 +145,32 @@ def test_cli_eval_measures_the_default_ranker(tmp_path: Path, monkeypatch: pytes
     assert [a["engine"]["predicted"] for a in answers] == [a["lexical"]["predicted"] for a in answers]
 
 
+def test_cli_eval_scores_plain_and_need_describing_requests_in_one_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: None, capsys: pytest.CaptureFixture[str]) -> None:
+    """Sets over one registry joined by commas are one run, its summary per kind; sets over two registries are
+    refused before any model is loaded."""
+    from tooltrie.eval.datasets import load_split
+
+    monkeypatch.setenv("TOOLTRIE_CACHE_DIR", str(tmp_path / "cache"))
+    model_dir = tmp_path / "model"
+    tiny_model().save_pretrained(model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(BUNDLED_TOKENIZERS_DIR / "smollm2-135m" / name, model_dir / name)
+    code = main(["eval", "--model", str(model_dir), "--dataset", "catalog-needs:validation,metatool-multi",
+                 "--arms", "lexical", "--prior", "lexical", "--no-plots", "-o", str(tmp_path / "out")])
+    assert code == 0
+    capsys.readouterr()
+    results = read_results(tmp_path / "out" / "results.json")
+    needs, plain = load_split("catalog-needs", "validation"), load_split("metatool-multi", "test")
+    assert results["settings"]["dataset"] == "catalog-needs,metatool-multi"
+    assert results["settings"]["split"] == "validation,test"
+    by_kind = results["arms"]["lexical"]["by_kind"]
+    assert (by_kind["need"]["answers"], by_kind["plain"]["answers"]) == (len(needs), len(plain))
+    code = main(["eval", "--model", str(tmp_path / "no-model"), "--dataset", "catalog-needs:test,bfcl-needs:test",
+                 "--arms", "lexical", "-o", str(tmp_path / "mixed")])
+    assert code != 0 and "labelled over different registries" in capsys.readouterr().err
+
+
 def test_the_vllm_arms_load_the_model_the_other_arms_run(catalog_artifact: Artifact, smollm: TokenizerInfo,
                                                           tmp_path: Path) -> None:
     """vLLM loads a directory: the one written holds the model in memory (an adapter merged into it, its dtype),
