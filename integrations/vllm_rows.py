@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
+import math
 import operator
 import os
 import re
@@ -39,7 +40,10 @@ EXTRA_ARGS_KEY = "tooltrie"
 FLAT_ARTIFACT_KEY = "tooltrie_artifact"
 FLAT_K_KEY = "tooltrie_k"
 FLAT_TOOLS_KEY = "tooltrie_tools"
-FLAT_KEYS = {FLAT_ARTIFACT_KEY: "artifact", FLAT_K_KEY: "k", FLAT_TOOLS_KEY: "tools"}
+FLAT_PRIOR_KEY = "tooltrie_prior"  # one float per tool, already weighted (``tooltrie.ranker.Prior.scores``)
+FLAT_WEIGHT_KEY = "tooltrie_model_weight"  # the model's weight beside it (``Prior.model_weight``)
+FLAT_KEYS = {FLAT_ARTIFACT_KEY: "artifact", FLAT_K_KEY: "k", FLAT_TOOLS_KEY: "tools", FLAT_PRIOR_KEY: "prior",
+             FLAT_WEIGHT_KEY: "model_weight"}
 FLAT_PREFIX = "tooltrie_"  # any other key with it is a typo, refused rather than silently unconstrained
 
 # The one directory vLLM's processor reads artifacts from, set where vLLM starts; a request names a file in it.
@@ -61,6 +65,8 @@ class RequestArgs:
     k: int
     thinking_budget: bool = False  # vLLM forces the end of its thinking: it writes into the logits after us
     tools: tuple[int, ...] | None = None  # the tools the answer may use (ascending ids); None: all
+    prior: tuple[float, ...] | None = None  # the fused ranker's prior, one per tool (weighted); None: no ranker
+    model_weight: float = 1.0  # the model's weight beside the prior
 
 
 def artifact_root() -> Path:
@@ -74,11 +80,14 @@ def artifact_root() -> Path:
 
 
 def request_args(artifact: str | os.PathLike[str], k: int, *, tools: Collection[int] | None = None,
+                 prior: Sequence[float] | None = None, model_weight: float = 1.0,
                  flat: bool = False) -> dict[str, Any]:
     """``SamplingParams.extra_args`` that ask for an answer of exactly ``k`` tools (of ``tools``, tool ids, if
-    given) under an artifact; ``flat``: as top-level keys, the form vLLM's OpenAI server can carry in a request's
-    ``vllm_xargs``. ``artifact`` is a name in the processor's root (a string without a separator), or a file
-    (a path), which is then copied there under its content's name (:func:`publish_artifact`) and named.
+    given) under an artifact, ranked by the fused ranker when ``prior`` (a float per tool, already weighted) is
+    given, beside the model's scores weighted by ``model_weight``; ``flat``: as top-level keys, the form vLLM's
+    OpenAI server can carry in a request's ``vllm_xargs``. ``artifact`` is a name in the processor's root (a string
+    without a separator), or a file (a path), which is then copied there under its content's name
+    (:func:`publish_artifact`) and named.
 
     >>> request_args("catalog.trie.safetensors", 2)
     {'tooltrie': {'artifact': 'catalog.trie.safetensors', 'k': 2}}
@@ -89,6 +98,8 @@ def request_args(artifact: str | os.PathLike[str], k: int, *, tools: Collection[
     args: dict[str, Any] = {"artifact": name, "k": int(k)}
     if tools is not None:
         args["tools"] = sorted(int(tool) for tool in tools)
+    if prior is not None:
+        args["prior"], args["model_weight"] = [float(value) for value in prior], float(model_weight)
     if flat:
         return {flat_key: args[key] for flat_key, key in FLAT_KEYS.items() if key in args}
     return {EXTRA_ARGS_KEY: args}
@@ -132,7 +143,8 @@ def parse_request_args(params: Any) -> RequestArgs | None:
             raise ValueError(f"extra_args: give either {EXTRA_ARGS_KEY!r} or the flat keys ({flat_form}), not both "
                              f"(got {EXTRA_ARGS_KEY!r} and {', '.join(flat_keys)})")
         where, args = f"extra_args[{EXTRA_ARGS_KEY!r}]", extra[EXTRA_ARGS_KEY]
-        form = "{'artifact': name, 'k': int, 'tools': [int, ...] (optional)}"
+        form = ("{'artifact': name, 'k': int, 'tools': [int, ...] (optional), 'prior': [float, ...] and "
+                "'model_weight': float (optional)}")
         if not isinstance(args, dict) or set(args) - set(FLAT_KEYS.values()):
             raise ValueError(f"{where} must be {form}, got {_shown(args)}")
     elif flat_keys:
@@ -140,7 +152,8 @@ def parse_request_args(params: Any) -> RequestArgs | None:
         if unknown:
             raise ValueError(f"extra_args: unknown key {unknown[0]!r} (the flat form is {flat_form})")
         where = "extra_args"
-        form = f"{{{FLAT_ARTIFACT_KEY!r}: name, {FLAT_K_KEY!r}: int, {FLAT_TOOLS_KEY!r}: [int, ...] (optional)}}"
+        form = (f"{{{FLAT_ARTIFACT_KEY!r}: name, {FLAT_K_KEY!r}: int, {FLAT_TOOLS_KEY!r}: [int, ...] (optional), "
+                f"{FLAT_PRIOR_KEY!r}: [float, ...] and {FLAT_WEIGHT_KEY!r}: float (optional)}}")
         args = {FLAT_KEYS[key]: extra[key] for key in flat_keys}
     else:
         return None
@@ -158,8 +171,30 @@ def parse_request_args(params: Any) -> RequestArgs | None:
         if len(subset) != len(tools):
             raise ValueError(f"{where}: 'tools' names a tool more than once")
         check_subset(loaded, subset, k, where=f"{where}: tools")
+    prior, model_weight = _ranker_args(args, loaded.trie.n_tools, where)
     budgeted = getattr(params, "thinking_token_budget", None) is not None
-    return RequestArgs(artifact=artifact, k=k, thinking_budget=budgeted, tools=subset)
+    return RequestArgs(artifact=artifact, k=k, thinking_budget=budgeted, tools=subset, prior=prior,
+                       model_weight=model_weight)
+
+
+def _number(value: Any) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+def _ranker_args(args: dict[str, Any], n_tools: int, where: str) -> tuple[tuple[float, ...] | None, float]:
+    """The fused ranker's prior (a finite number per tool of the registry) and the model's weight (finite), or no
+    prior and weight 1; a weight without a prior is refused (it would rank nothing)."""
+    prior, weight = args.get("prior"), args.get("model_weight", 1.0)
+    if prior is None:
+        if "model_weight" in args:
+            raise ValueError(f"{where}: 'model_weight' without 'prior' (the weight is the model's beside a prior)")
+        return None, 1.0
+    if not isinstance(prior, list) or len(prior) != n_tools or not all(map(_number, prior)):
+        raise ValueError(f"{where}: 'prior' must be {n_tools} finite numbers (one per tool of the registry), got "
+                         f"{_shown(prior)}")
+    if not _number(weight):
+        raise ValueError(f"{where}: 'model_weight' must be a finite number, got {_shown(weight)}")
+    return tuple(float(value) for value in prior), float(weight)
 
 
 def _shown(value: Any) -> str:
@@ -274,6 +309,7 @@ class ArtifactRows:
         self.args: dict[int, RequestArgs] = {}
         self.fed = np.zeros(16, dtype=np.int64)
         self.budgeted = np.zeros(16, dtype=bool)  # rows whose request has a thinking budget
+        self.ranked = np.zeros(16, dtype=bool)  # rows whose request carries a prior (the fused ranker)
         # Which request holds each row (a number new for each request added; 0: none of ours), and which one each
         # row of the buffer last served: a row of the buffer is reset whole when it serves another request, so that
         # whatever a later stage wrote into it (a finite value in an illegal column) cannot reach the next request.
@@ -306,7 +342,7 @@ class ArtifactRows:
             batch = self.batches[name] = TrieBatch(artifact, backend=self.backend, capacity=max(16, row + 1))
             self.owners[name] = np.full(len(self.fed) + 1, -1, dtype=np.int32)
             self.idle[name] = None  # until its first row is set (below), as any state without rows
-        batch.add(row, args.k, subset=args.tools)
+        batch.add(row, args.k, subset=args.tools, prior=args.prior, model_weight=args.model_weight)
         self._set(row, args, 0, self.next_serial)
         self.next_serial += 1
 
@@ -336,7 +372,9 @@ class ArtifactRows:
     def apply(self, logits: torch.Tensor, rows: Sequence[int] | npt.NDArray[np.integer],
               new_tokens: Sequence[Sequence[int]]) -> torch.Tensor:
         """Logits row i belongs to vLLM row ``rows[i]`` (-1 or a row that is not ours: left alone) and brings it
-        ``new_tokens[i]``: accept them, then mask, one call each per artifact, with no Python loop over rows.
+        ``new_tokens[i]``: accept them, then mask, one call each per artifact, with no Python loop over rows. A row
+        whose request carries a prior gets its options' fused values instead (``TrieBatch.fuse_logits_``): vLLM's
+        greedy sampler then takes the fused ranker's choice.
 
         The masked logits are returned: on a GPU they are ``logits``, masked in place; on a CPU either ``logits``
         masked in place or a buffer that gets only the legal logits (``kernels.cpu.LegalLogits``), whichever costs
@@ -353,8 +391,9 @@ class ArtifactRows:
         n_constrained = int(np.count_nonzero(constrained))
         if not n_constrained:
             return logits
+        ranked = self.ranked[np.where(vllm_rows >= 0, vllm_rows, 0)] & constrained
         in_place = (self.backend != "cpu" or (len(vllm_rows) - n_constrained) * PLAIN_ROW_COST > n_constrained
-                    or bool(self.budgeted[vllm_rows[constrained]].any()))
+                    or bool(self.budgeted[vllm_rows[constrained]].any()) or bool(ranked.any()))
         bitmask = None if in_place else np.empty(get_bitmask_shape(*logits.shape), dtype=np.int32)
         for name in self.live:
             self.visited += 1
@@ -363,7 +402,9 @@ class ArtifactRows:
             if ours.any():
                 self.fed[mine[ours]] += lengths[ours]
                 self.batches[name].accept(tokens, mine, lengths=lengths)
-                if bitmask is None:
+                if bitmask is None and ranked[ours].any():  # the fused values: vLLM's argmax takes the choice
+                    self.batches[name].fuse_logits_(logits, mine)
+                elif bitmask is None:
                     self.batches[name].mask_logits_(logits, mine)
                 else:
                     self.batches[name].fill_bitmask(bitmask, mine)
@@ -399,6 +440,7 @@ class ArtifactRows:
         self.fed[row] = fed
         self.serial[row] = serial
         self.budgeted[row] = args is not None and args.thinking_budget
+        self.ranked[row] = args is not None and args.prior is not None
         if before is not None:
             self.owners[before.artifact][row] = -1
             self._count(before.artifact, -1)
@@ -427,5 +469,6 @@ class ArtifactRows:
             self.fed = np.concatenate([self.fed, np.zeros(extra, np.int64)])
             self.serial = np.concatenate([self.serial, np.zeros(extra, np.int64)])
             self.budgeted = np.concatenate([self.budgeted, np.zeros(extra, bool)])
+            self.ranked = np.concatenate([self.ranked, np.zeros(extra, bool)])
             for name, owner in self.owners.items():
                 self.owners[name] = np.concatenate([owner, np.full(extra, -1, np.int32)])

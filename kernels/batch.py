@@ -241,11 +241,13 @@ class TrieBatch:
         An engine that can only edit logits (vLLM's processors) then lets its greedy sampler take the fused
         choice. Ranked rows need float32 logits."""
         self.mask_logits_(logits, rows)
-        if not self.state.ranker.shape[0]:
-            return
+        state_rows = self._rows(rows, logits.shape[0])
+        ours = state_rows[state_rows >= 0]
+        if not self.state.ranker.shape[0] or np.isnan(self.state.ranker[ours, 0]).all():
+            return  # no ranked row among these: the mask is all
         if str(logits.dtype).removeprefix("torch.") != "float32":
             raise DecodeError(f"fused values need float32 logits, got {logits.dtype}")
-        self.backend.fuse_logits_(self.state, self._rows(rows, logits.shape[0]), logits)
+        self.backend.fuse_logits_(self.state, state_rows, logits)
 
     def choose(self, logits: Any, rows: Rows = None, *, vocab: VocabMap | None = None) -> Choice:
         """Argmax over each row's legal tokens (ties toward the lower id), the advance, the statistics a score

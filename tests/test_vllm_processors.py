@@ -60,7 +60,7 @@ from tooltrie.integrations.vllm import (
     request_args,
 )
 from tooltrie.integrations.vllm_rows import publish_artifact
-from tooltrie.kernels import TrieMatcher
+from tooltrie.kernels import TrieBatch, TrieMatcher
 from tooltrie.serve.prompt import Prompt
 
 MAX_REQS, MAX_LEN = 6, 96
@@ -234,6 +234,41 @@ def test_v2_catches_up_with_a_request_resumed_after_preemption(catalog_artifact:
     assert finite(after[0]) == expected_allowed(catalog_artifact, 3, done)
     runner.add(0, params(None), prompt=[1])  # the slot's next occupant is unconstrained: left alone
     assert torch.equal(runner.step([0], torch.ones((1, runner.vocab))), torch.ones((1, runner.vocab)))
+
+
+def test_v2_a_request_with_a_prior_gets_the_fused_choice_from_vllms_argmax(catalog_artifact: Artifact,
+                                                                          artifact_path: str) -> None:
+    """A ranked row's logits become its fused option values: vLLM's greedy argmax takes the token the fused ranker
+    chooses in process, step by step, and the row beside it (no prior) is only masked."""
+    rng, torch_rng = np.random.default_rng(3), torch.Generator().manual_seed(3)
+    n_tools = catalog_artifact.trie.n_tools
+    prior = (rng.integers(-4, 5, n_tools) / 2).tolist()  # ties between tools
+    runner = V2Runner(catalog_artifact)
+    ranked = SamplingParams(temperature=0.0, extra_args=request_args(artifact_path, 3, prior=prior,
+                                                                     model_weight=0.5, flat=True))
+    assert runner.add(0, ranked, prompt=[7, 7]) and runner.add(1, params(artifact_path, 2), prompt=[7])
+    oracle = TrieBatch(catalog_artifact, capacity=2)
+    oracle.add(0, 3, prior=prior, model_weight=0.5)
+    oracle.add(1, 2)
+    for _ in range(60):
+        slots = [slot for slot in (0, 1) if oracle.is_running(slot)]
+        if not slots:
+            break
+        logits = torch.randn((len(slots), runner.vocab), generator=torch_rng)
+        choice = oracle.choose(logits.numpy().copy(), slots)
+        after = runner.step(slots, logits)
+        for row, slot in enumerate(slots):
+            token = int(torch.argmax(after[row]))
+            assert token == choice.chosen[row], slot
+            if slot == 0:
+                best, _, log_total = choice.stats[row]
+                logprob = float(torch.log_softmax(after[row].double(), 0)[token])
+                assert logprob == pytest.approx(best - log_total, abs=1e-4)
+            runner.commit(slot, token)
+            for forced in choice.forced[row]:  # the oracle took them; vLLM samples them one by one
+                assert int(torch.argmax(runner.step([slot], torch.zeros((1, runner.vocab)))[0])) == forced
+                runner.commit(slot, forced)
+    assert not oracle.is_running(0) and not oracle.is_running(1)
 
 
 # --- the V1 model runner -------------------------------------------------------------------------------------------

@@ -91,7 +91,26 @@ BAD_EXTRA_ARGS = [  # (extra_args, the error's words); "{name}" stands for a rea
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 3, "tooltrie_tools": [1, 2]}, "k=3 but only 2 tools are allowed"),
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_tools": []}, "k=1 but only 0 tools are allowed"),
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_tools": [5, 5]}, "names a tool more than once"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_prior": [0.5] * 46}, "'prior' must be 47 finite"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_prior": [0.5] * 46 + [float("nan")]},
+     "'prior' must be 47 finite"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_prior": [0.5] * 46 + ["1"]}, "'prior' must be 47"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_prior": 0.5}, "'prior' must be 47 finite"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_model_weight": 0.5}, "'model_weight' without"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_prior": [0.0] * 47,
+      "tooltrie_model_weight": float("inf")}, "'model_weight' must be a finite number"),
+    ({"tooltrie": {"artifact": "{name}", "k": 1, "prior": [0.0] * 47, "model_weight": "1"}},
+     "'model_weight' must be a finite number"),
 ]
+
+
+def test_a_prior_travels_flat_or_nested_with_its_weight(name: str) -> None:
+    prior = [i / 47 for i in range(47)]
+    flat = request_args(name, 2, prior=prior, model_weight=0.25, flat=True)
+    assert flat["tooltrie_prior"] == prior and flat["tooltrie_model_weight"] == 0.25
+    for extra in (flat, request_args(name, 2, prior=prior, model_weight=0.25)):
+        assert parse(extra) == RequestArgs(artifact=name, k=2, prior=tuple(prior), model_weight=0.25)
+    assert parse(request_args(name, 2)) == RequestArgs(artifact=name, k=2)  # no prior: no ranker
 
 
 def fill(value: Any, name: str) -> Any:
