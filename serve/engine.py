@@ -46,12 +46,12 @@ from tooltrie.compiler.tokenizer_info import TokenizerInfo
 from tooltrie.errors import DecodeError
 from tooltrie.kernels.batch import TrieBatch
 from tooltrie.kernels.state import DONE, ERROR
-from tooltrie.ranker import MODEL_ONLY, Prior, Ranker, RankerError
+from tooltrie.ranker import MODEL_ONLY, Ranker, RankerError
 from tooltrie.serve.adapter import AdapterRecord, low_rank_updates
 from tooltrie.serve.decoder import Prefix, SharedPrefixDecoder
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.prompt import Prompt
-from tooltrie.serve.request import Answer, Request, RequestStatus, ToolChoice, check_request
+from tooltrie.serve.request import Answer, Request, RequestStatus, ToolChoice, check_request, request_prior
 
 _RUNS_CACHED = 4096  # decision points whose speculated runs an engine keeps (the catalog's k = 1 answers need one)
 # Prompt tokens (after the cached prefix) a row reads per pass: serving's default, whose limits say why.
@@ -183,18 +183,10 @@ class Engine:
         version of the registry, or another ranker), never in a step."""
         request.tools = self._check(request, where="request")
         request.tools_of = self.artifact.registry
-        request.prior = self._prior(request)
+        request.prior = request_prior(request, self.ranker, self.artifact)
         request.status, request.answer, request.error = RequestStatus.WAITING, None, None
         self._waiting.append(request)
         return request
-
-    def _prior(self, request: Request) -> Prior | None:
-        if request.ranked_by == "model" or self.ranker is None:  # ``_check`` refused a ranker the engine cannot give
-            return None
-        prior, weights = request.prior, self.ranker.weights(request.ranked_by)
-        if prior is None or prior.registry_sha256 != self.artifact.registry.sha256 or prior.weights != weights:
-            prior = self.ranker.row(request.query, request.ranked_by, prior=request.prior_kind)
-        return prior
 
     def cancel(self, request: Request) -> bool:
         """Drop a request (e.g. its client left): it leaves the queue, or its slot is freed at the next step, before

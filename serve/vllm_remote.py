@@ -7,13 +7,13 @@ replicas behind vLLM's own load balancing (tensor and data parallelism are vLLM'
 Each request is one call of vLLM's OpenAI completions route: the prompt's token ids (``Prompt.ids``, what the
 in-process engine feeds), greedy, at most the answer's budget of tokens, the request arguments in their flat form
 (``request_args(..., flat=True)``: ``vllm_xargs`` carries no nested objects: the artifact's name, k and, for a
-request whose tools admission narrowed (a tenant's policy, allow/deny, the prefilter), their ids) and the chosen
-tokens' logprobs.
-Started with ``--logprobs-mode processed_logprobs``, vLLM reports them after the mask: log-probabilities under the
-constraint, what the engine scores with. The answer's tokens are then replayed through the trie here
-(:func:`replay`), which checks that they are k distinct registry tools (a server without the processor answers in
-prose) and says which decisions belong to which tool: a tool's score is the sum of its decisions' logprobs, as the
-engine reports it.
+request whose tools admission narrowed (a tenant's policy, allow/deny, the prefilter), their ids; for one ranked by
+``retrieval`` or ``fused``, its prior, made at admission as in process) and the chosen tokens' logprobs. Started
+with ``--logprobs-mode processed_logprobs``, vLLM reports them after the processor: log-probabilities under the
+constraint, of the fused values where a prior came (``TrieBatch.fuse_logits_``), what the engine scores with. The
+answer's tokens are then replayed through the trie here (:func:`replay`), which checks that they are k distinct
+registry tools (a server without the processor answers in prose) and says which decisions belong to which tool: a
+tool's score is the sum of its decisions' logprobs, as the engine reports it.
 
 :class:`RemoteEngine` stands where an ``Engine`` stands in the worker (``worker.py``): ``submit`` starts the call on
 a thread of the server's pool, ``step`` hands back what has finished. A vLLM that cannot be reached, refuses the
@@ -40,11 +40,11 @@ from tooltrie.compiler.tokenizer_info import TokenizerInfo
 from tooltrie.errors import DecodeError
 from tooltrie.integrations.vllm_rows import request_args
 from tooltrie.kernels.batch import TrieBatch
-from tooltrie.ranker import MODEL_ONLY, Ranker
+from tooltrie.ranker import MODEL_ONLY, Prior, Ranker, RankerError
 from tooltrie.serve.errors import BadGatewayError, UpstreamTimeoutError
 from tooltrie.serve.limits import answer_budget
 from tooltrie.serve.prompt import Prompt
-from tooltrie.serve.request import Answer, Request, RequestStatus, ToolChoice, check_request
+from tooltrie.serve.request import Answer, Request, RequestStatus, ToolChoice, check_request, request_prior
 
 # How long ``step`` waits for a call to finish before it returns to the worker's loop (which then takes new jobs and
 # cancellations): short, since the worker does nothing else meanwhile. One wait per turn of the worker's loop, for
@@ -194,15 +194,16 @@ def _message(reply: httpx.Response) -> str:
 
 class RemoteEngine:
     """An ``Engine``'s place in the worker, answered by ``server``: every request submitted is a call in flight
-    (vLLM batches them); ``max_batch`` bounds how many the worker hands it at once."""
-
-    ranker: Ranker | None = None  # no retrieval prior: vLLM's processor ranks by the model alone
+    (vLLM batches them); ``max_batch`` bounds how many the worker hands it at once. ``ranker`` makes the retrieval
+    prior of requests ranked by ``retrieval`` or ``fused`` that come without one, as the in-process engine's does;
+    the prior travels with the call and vLLM's processor fuses it into the logits its argmax reads."""
 
     def __init__(self, server: VllmServer, tokenizer: TokenizerInfo, artifact: Artifact, *, prompt: Prompt,
-                 max_batch: int = 16) -> None:
+                 max_batch: int = 16, ranker: Ranker | None = None) -> None:
         artifact.check_compatible(tokenizer=tokenizer, where="engine")
         self.server, self.tokenizer, self.artifact, self.prompt, self.max_batch = (server, tokenizer, artifact,
                                                                                   prompt, max_batch)
+        self.ranker = ranker
         self.artifact_path = server.artifact_path(artifact)  # written now: an unwritable directory fails at start
         self._calls: dict[Request, Future[Answer]] = {}
 
@@ -215,13 +216,17 @@ class RemoteEngine:
         return len(self._calls), 0
 
     def fresh(self) -> RemoteEngine:
-        return RemoteEngine(self.server, self.tokenizer, self.artifact, prompt=self.prompt, max_batch=self.max_batch)
+        return RemoteEngine(self.server, self.tokenizer, self.artifact, prompt=self.prompt, max_batch=self.max_batch,
+                            ranker=self.ranker)
 
     def submit(self, request: Request) -> Request:
         tools = check_request(request, self.artifact)  # the allowed tools' ids in this artifact (None: all)
-        if not request.constrained or request.reasoning or request.ranked_by != "model":
-            raise DecodeError("this server answers through vLLM, whose processor ranks by the model only: other "
-                              "rankers and reasoning are not available")
+        if not request.constrained or request.reasoning:
+            raise DecodeError("this server answers through vLLM: constrained answers only, without reasoning")
+        if request.ranked_by != "model" and self.ranker is None:
+            raise RankerError(f"the {request.ranked_by} ranker needs a retrieval ranker beside the vLLM server "
+                              "(RemoteEngine(..., ranker=Ranker(registry)))")
+        request.prior = request_prior(request, self.ranker, self.artifact)
         request.status = RequestStatus.DECODING
         call = self._calls[request] = self.server.pool.submit(self._answer, request, tools)
         call.add_done_callback(self.server.answered)
@@ -263,7 +268,8 @@ class RemoteEngine:
             "prompt": prompt_ids, "max_tokens": answer_budget(artifact, k), "temperature": 0.0,
             "logprobs": 1, "stop_token_ids": [artifact.eos_id], "skip_special_tokens": False,
             "return_token_ids": True,
-            "vllm_xargs": request_args(self.artifact_path.name, k, tools=tools, flat=True)},
+            "vllm_xargs": request_args(self.artifact_path.name, k, tools=tools, flat=True,
+                                       **_prior_args(request.prior))},
             deadline=deadline)
         try:
             choice = reply["choices"][0]
@@ -295,8 +301,16 @@ class RemoteEngine:
         ids = [t for t in tokens if t != artifact.eos_id]
         return Answer(tools=chosen, finish_reason="stop", token_ids=tokens, text=self.tokenizer.decode(ids),
                       forward_passes=len(tokens), decision_points=decisions, prompt_tokens=len(prompt_ids),
-                      latency_ms=(time.perf_counter() - started) * 1e3, ranker=MODEL_ONLY.as_dict(),
-                      artifact=artifact)
+                      latency_ms=(time.perf_counter() - started) * 1e3, artifact=artifact,
+                      ranker=(request.prior.weights if request.prior is not None else MODEL_ONLY).as_dict())
+
+
+def _prior_args(prior: Prior | None) -> dict[str, Any]:
+    """``request_args``' prior for vLLM's processor: the scores, already weighted, and the model's weight (none for
+    the model alone)."""
+    if prior is None or prior.scores is None:
+        return {}
+    return {"prior": prior.scores.tolist(), "model_weight": prior.model_weight}
 
 
 def replay(artifact: Artifact, k: int, tokens: Sequence[int], logprobs: Sequence[float], *, width: int,

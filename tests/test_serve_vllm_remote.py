@@ -10,9 +10,10 @@ and the answer so far, masked by ``TrieMatcher``, greedy) that answers as vLLM s
   processor), fewer logprobs than tokens, or tokens the trie cannot replay: 502 saying why;
 - the answer's token budget is one definition (``limits.answer_budget``), which the deepest answer fits, on both
   paths: what vLLM may generate, and what the in-process service keeps free of the model's context;
-- allow/deny travel as the allowed tools' ids (``tooltrie_tools``): the same answers as in process; what vLLM's
-  processor cannot do (other rankers) is a 422; the artifact is sent by its name in the processor's root (the
-  stand-in reads it as the processor does, ``$TOOLTRIE_ARTIFACT_ROOT``).
+- allow/deny travel as the allowed tools' ids (``tooltrie_tools``), a retrieval or fused request's prior as its
+  scores (``tooltrie_prior``, ``tooltrie_model_weight``): the same answers and scores as in process; k above the
+  allowed tools is a 422; the artifact is sent by its name in the processor's root (the stand-in reads it as the
+  processor does, ``$TOOLTRIE_ARTIFACT_ROOT``).
 
 The same against a real ``vllm serve``: ``test_vllm_serve_remote.py`` (``make test-vllm``).
 """
@@ -103,9 +104,11 @@ class StandIn:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def complete(self, body: dict[str, Any], args: RequestArgs | None) -> dict[str, Any]:
-        """Greedy over the full logits, masked by the trie (under the request's subset); the chosen tokens' logprobs
-        after the mask."""
+        """Greedy over the full logits, masked by the trie (under the request's subset; a request with a prior gets
+        its fused values, as vLLM's processor writes them); the chosen tokens' logprobs after the processor."""
         assert args is not None
+        if args.prior is not None and self.mode == "reference":
+            return self.complete_fused(body, args)
         matcher = TrieMatcher(load_artifact(args.artifact), args.k, allowed=args.tools)
         tokens: list[int] = []
         logprobs: list[float] = []
@@ -133,6 +136,27 @@ class StandIn:
         if self.mode == "short":
             logprobs = logprobs[:1]
         return {"choices": [{"index": 0, "text": "", "token_ids": tokens, "finish_reason": finish,
+                             "logprobs": {"token_logprobs": logprobs}}]}
+
+    def complete_fused(self, body: dict[str, Any], args: RequestArgs) -> dict[str, Any]:
+        """As vLLM with the processor, for a request that carries a prior: its row's fused values
+        (``TrieBatch.fuse_logits_``), greedy."""
+        batch = TrieBatch(load_artifact(args.artifact), capacity=1)
+        batch.add(0, args.k, subset=args.tools, prior=args.prior, model_weight=args.model_weight)
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        with torch.inference_mode():
+            out = self.model(torch.tensor([body["prompt"]]), use_cache=True, logits_to_keep=1)
+            while batch.is_running(0) and len(tokens) < body["max_tokens"]:
+                if tokens:
+                    out = self.model(torch.tensor([tokens[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+                logits = out.logits[0, -1].float().numpy()[None].copy()
+                batch.fuse_logits_(logits, [0])
+                token = int(np.argmax(logits[0]))
+                tokens.append(token)
+                logprobs.append(float(torch.log_softmax(torch.from_numpy(logits[0]), -1)[token]))
+                batch.accept([[token]], [0])
+        return {"choices": [{"index": 0, "text": "", "token_ids": tokens, "finish_reason": "stop",
                              "logprobs": {"token_logprobs": logprobs}}]}
 
     def __enter__(self) -> StandIn:
@@ -328,13 +352,26 @@ def test_a_subset_travels_to_vllm_and_answers_as_in_process(tmp_path: Path, narr
         assert sent["tooltrie_tools"] == sorted(sent["tooltrie_tools"])
 
 
+@pytest.mark.parametrize("ranker", ["fused", "retrieval"])
+def test_a_ranked_request_sends_its_prior_and_answers_as_in_process(tmp_path: Path, ranker: str) -> None:
+    """The prior is made at admission as in process and travels with the call; vLLM's processor fuses it into the
+    logits its greedy argmax reads, so the tools and their scores are the in-process engine's."""
+    local_service = tiny_service([CATALOG_PATH], tmp_path / "local", limits=ServeLimits(timeout_s=TIMEOUT))
+    with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path)) as remote, client_of(local_service) as local:
+        for query, k in zip(QUERIES, (1, 2, 3), strict=True):
+            ask = {"query": query, "k": k, "ranker": ranker, "prior": "lexical"}
+            here, there = local.post("/v1/discover", json=ask), remote.post("/v1/discover", json=ask)
+            assert here.status_code == there.status_code == 200, there.text
+            assert same_answer(here.json(), there.json()), (here.json(), there.json())
+            assert there.json()["ranker"] == here.json()["ranker"] != {"model": 1.0, "retrieval": 0.0}
+            sent = vllm.requests[-1]["vllm_xargs"]
+            assert len(sent["tooltrie_prior"]) == 47 and sent["tooltrie_model_weight"] == here.json()["ranker"]["model"]
+        plain = remote.post("/v1/discover", json={"query": QUERIES[0], "k": 1, "ranker": "model"})
+        assert plain.status_code == 200 and "tooltrie_prior" not in vllm.requests[-1]["vllm_xargs"]
+
+
 def test_what_the_processor_cannot_do_is_refused(tmp_path: Path) -> None:
     with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path)) as client:
-        for ranker in ("retrieval", "fused"):  # vLLM's processor ranks by the model alone
-            ask = {"query": QUERIES[0], "k": 1, "ranker": ranker, "prior": "lexical"}
-            reply = client.post("/v1/discover", json=ask)
-            assert reply.status_code == 422, reply.text
-            assert reply.json()["error"]["message"].startswith(f"ranker {ranker}: this server answers through vLLM")
         reply = client.post("/v1/discover", json={"query": QUERIES[0], "k": 3, "allow": ["WeatherTool", "NewsTool"]})
         assert reply.status_code == 422 and "k=3 but only 2 tools" in reply.json()["error"]["message"], reply.text
         assert client.post("/v1/discover", json={"query": QUERIES[0], "k": 1}).status_code == 200
