@@ -393,8 +393,9 @@ class ArtifactRows:
             return logits
         ranked = self.ranked[np.where(vllm_rows >= 0, vllm_rows, 0)] & constrained
         in_place = (self.backend != "cpu" or (len(vllm_rows) - n_constrained) * PLAIN_ROW_COST > n_constrained
-                    or bool(self.budgeted[vllm_rows[constrained]].any()) or bool(ranked.any()))
+                    or bool(self.budgeted[vllm_rows[constrained]].any()))
         bitmask = None if in_place else np.empty(get_bitmask_shape(*logits.shape), dtype=np.int32)
+        fused: list[tuple[str, npt.NDArray[np.int32]]] = []  # artifacts with ranked rows, for the buffer
         for name in self.live:
             self.visited += 1
             mine = self.owners[name][vllm_rows]  # -1 stays -1: an owner table ends with -1
@@ -408,6 +409,8 @@ class ArtifactRows:
                     self.batches[name].mask_logits_(logits, mine)
                 else:
                     self.batches[name].fill_bitmask(bitmask, mine)
+                    if ranked[ours].any():
+                        fused.append((name, mine))
         if bitmask is None:
             return logits
         if len(self.served) < len(requests):
@@ -416,6 +419,8 @@ class ArtifactRows:
         self.legal.reset(changed)
         self.served[changed] = requests[changed]
         masked: torch.Tensor = self.legal(logits, bitmask, constrained)
+        for name, mine in fused:  # the buffer holds only the legal logits: their fused values over them
+            self.batches[name].fuse_legal_(masked, mine)
         return masked
 
     def unfed(self, outputs: Sequence[Sequence[int]]) -> list[Sequence[int]]:

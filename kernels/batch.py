@@ -241,6 +241,11 @@ class TrieBatch:
         An engine that can only edit logits (vLLM's processors) then lets its greedy sampler take the fused
         choice. Ranked rows need float32 logits."""
         self.mask_logits_(logits, rows)
+        self.fuse_legal_(logits, rows)
+
+    def fuse_legal_(self, logits: Any, rows: Rows = None) -> None:
+        """The second half of :meth:`fuse_logits_`, for logits already masked (a buffer that holds only the legal
+        logits, as vLLM's CPU path builds): each ranked row's legal logits become its options' fused values."""
         state_rows = self._rows(rows, logits.shape[0])
         ours = state_rows[state_rows >= 0]
         if not self.state.ranker.shape[0] or np.isnan(self.state.ranker[ours, 0]).all():

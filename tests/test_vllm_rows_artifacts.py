@@ -83,3 +83,43 @@ def test_a_subset_is_the_rows_mask(catalog_artifact: Artifact, monkeypatch: pyte
     assert rows.batches["catalog"].is_done(0)
     tools = rows.batches["catalog"].tools(0)
     assert len(set(tools)) == k and set(tools) <= set(subset)
+
+
+def test_ranked_rows_get_the_same_fused_values_in_the_buffer_as_in_place(catalog_artifact: Artifact,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step whose rows are all constrained writes into the buffer of legal logits (``LegalLogits``), one with many
+    plain rows masks in place: a ranked row's fused values are the same either way, and greedy over them answers as
+    ``choose`` with the prior does."""
+    import numpy as np
+
+    from tooltrie.kernels.batch import TrieBatch
+
+    monkeypatch.setattr(vllm_rows, "load_artifact", lambda name, **_: catalog_artifact)
+    n_tools, vocab, eos = catalog_artifact.trie.n_tools, catalog_artifact.max_token_id + 1, catalog_artifact.eos_id
+    prior = (np.random.default_rng(7).integers(-4, 5, n_tools) / 2).tolist()  # ties between tools
+    buffered, in_place = ArtifactRows("cpu"), ArtifactRows("cpu")
+    for rows in (buffered, in_place):
+        rows.add(0, RequestArgs("catalog", 3, prior=tuple(prior), model_weight=0.5))
+        rows.add(1, RequestArgs("catalog", 2))
+    oracle = TrieBatch(catalog_artifact, capacity=1, backend="reference")
+    oracle.add(0, 3, prior=prior, model_weight=0.5)
+    generator = torch.Generator().manual_seed(3)
+    outputs: list[list[int]] = [[], []]
+    plain = 40  # rows that are not ours: the step masks in place
+    forced: list[int] = []
+    while outputs[0][-1:] != [eos]:
+        logits = torch.randn(2 + plain, vocab, generator=generator)
+        unfed = buffered.unfed(outputs)
+        a = buffered.apply(logits[:2].clone(), [0, 1], unfed)
+        b = in_place.apply(logits.clone(), [0, 1] + [-1] * plain, in_place.unfed(outputs) + [[]] * plain)[:2]
+        assert a.data_ptr() != b.data_ptr()
+        assert torch.equal(a[0], b[0]) and torch.equal(torch.isfinite(a[1]), torch.isfinite(b[1]))
+        if forced:  # the oracle took the run the trie forced; vLLM's row takes it a token a step
+            expected = forced.pop(0)
+        else:
+            choice = oracle.choose(logits[:1].numpy(), [0])
+            expected, forced = int(choice.chosen[0]), list(choice.forced[0])
+        assert int(torch.argmax(a[0])) == expected
+        outputs[0].append(expected)
+        if outputs[1][-1:] != [eos]:
+            outputs[1].append(int(torch.argmax(a[1])))
