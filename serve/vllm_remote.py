@@ -310,7 +310,7 @@ def _prior_args(prior: Prior | None) -> dict[str, Any]:
     the model alone)."""
     if prior is None or prior.scores is None:
         return {}
-    return {"prior": prior.scores.tolist(), "model_weight": prior.model_weight}
+    return {"prior": prior.scores, "model_weight": prior.model_weight}
 
 
 def replay(artifact: Artifact, k: int, tokens: Sequence[int], logprobs: Sequence[float], *, width: int,

@@ -20,6 +20,7 @@ The same against a real ``vllm serve``: ``test_vllm_serve_remote.py`` (``make te
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import threading
@@ -365,7 +366,9 @@ def test_a_ranked_request_sends_its_prior_and_answers_as_in_process(tmp_path: Pa
             assert same_answer(here.json(), there.json()), (here.json(), there.json())
             assert there.json()["ranker"] == here.json()["ranker"] != {"model": 1.0, "retrieval": 0.0}
             sent = vllm.requests[-1]["vllm_xargs"]
-            assert len(sent["tooltrie_prior"]) == 47 and sent["tooltrie_model_weight"] == here.json()["ranker"]["model"]
+            assert sent["tooltrie_prior"].startswith("f32:")  # the float32 scores in base64: 4 bytes a tool
+            assert len(base64.b64decode(sent["tooltrie_prior"][4:])) == 4 * 47
+            assert sent["tooltrie_model_weight"] == here.json()["ranker"]["model"]
         plain = remote.post("/v1/discover", json={"query": QUERIES[0], "k": 1, "ranker": "model"})
         assert plain.status_code == 200 and "tooltrie_prior" not in vllm.requests[-1]["vllm_xargs"]
 

@@ -15,13 +15,20 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from tooltrie.compiler import Artifact
 from tooltrie.compiler import artifact as artifact_module
 from tooltrie.errors import ArtifactError
 from tooltrie.integrations import vllm_rows
-from tooltrie.integrations.vllm_rows import RequestArgs, parse_request_args, publish_artifact, request_args
+from tooltrie.integrations.vllm_rows import (
+    RequestArgs,
+    encode_prior,
+    parse_request_args,
+    publish_artifact,
+    request_args,
+)
 
 
 def parse(extra: dict[str, Any] | None, **fields: Any) -> RequestArgs | None:
@@ -96,6 +103,12 @@ BAD_EXTRA_ARGS = [  # (extra_args, the error's words); "{name}" stands for a rea
      "'prior' must be 47 finite"),
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_prior": [0.5] * 46 + ["1"]}, "'prior' must be 47"),
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_prior": 0.5}, "'prior' must be 47 finite"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_prior": encode_prior([0.5] * 46)},
+     "'prior' must be 47 finite"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_prior": encode_prior([0.5] * 46 + [float("inf")])},
+     "'prior' must be 47 finite"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_prior": "f32:not base64!"}, "'prior' must be 47"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_prior": "f32:AAAA"}, "'prior' must be 47 finite"),
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_model_weight": 0.5}, "'model_weight' without"),
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 1, "tooltrie_prior": [0.0] * 47,
       "tooltrie_model_weight": float("inf")}, "'model_weight' must be a finite number"),
@@ -105,11 +118,15 @@ BAD_EXTRA_ARGS = [  # (extra_args, the error's words); "{name}" stands for a rea
 
 
 def test_a_prior_travels_flat_or_nested_with_its_weight(name: str) -> None:
-    prior = [i / 47 for i in range(47)]
+    """A prior is sent as the base64 of its float32 values, whole to the bit; a list of numbers is read too."""
+    prior = np.arange(47, dtype=np.float32) / 47  # the float32 values a Prior holds
     flat = request_args(name, 2, prior=prior, model_weight=0.25, flat=True)
-    assert flat["tooltrie_prior"] == prior and flat["tooltrie_model_weight"] == 0.25
-    for extra in (flat, request_args(name, 2, prior=prior, model_weight=0.25)):
-        assert parse(extra) == RequestArgs(artifact=name, k=2, prior=tuple(prior), model_weight=0.25)
+    assert flat["tooltrie_prior"].startswith("f32:") and flat["tooltrie_model_weight"] == 0.25
+    expected = RequestArgs(artifact=name, k=2, prior=tuple(prior.tolist()), model_weight=0.25)
+    for extra in (flat, request_args(name, 2, prior=prior, model_weight=0.25),
+                  {"tooltrie_artifact": name, "tooltrie_k": 2, "tooltrie_prior": prior.tolist(),
+                   "tooltrie_model_weight": 0.25}):
+        assert parse(extra) == expected
     assert parse(request_args(name, 2)) == RequestArgs(artifact=name, k=2)  # no prior: no ranker
 
 
