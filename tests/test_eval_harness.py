@@ -100,13 +100,19 @@ def test_report_files_are_written_side_by_side(results: dict[str, Any], tmp_path
     assert "![accuracy.png](accuracy.png)" in report
 
 
-def test_cli_eval_with_a_model_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: None,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def model_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The tiny model saved as a model directory with the bundled tokenizer, the cache in ``tmp_path``."""
     monkeypatch.setenv("TOOLTRIE_CACHE_DIR", str(tmp_path / "cache"))
     model_dir = tmp_path / "model"
     tiny_model().save_pretrained(model_dir)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(BUNDLED_TOKENIZERS_DIR / "smollm2-135m" / name, model_dir / name)
+    return model_dir
+
+
+def test_cli_eval_with_a_model_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: None,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    model_dir = model_directory(tmp_path, monkeypatch)
     queries = tmp_path / "q.jsonl"
     queries.write_text('{"query": "weather in Oslo", "tools": ["WeatherTool"]}\n'
                        '{"query": "stocks and news", "tools": ["FinanceTool", "NewsTool"]}\n', encoding="utf-8")
@@ -124,11 +130,7 @@ def test_cli_eval_measures_the_default_ranker(tmp_path: Path, monkeypatch: pytes
                                              capsys: pytest.CaptureFixture[str]) -> None:
     """``--ranker auto`` is measured as ``ask`` and ``serve`` answer by default: a model without an adapter ranks by
     the prior alone, so its engine arm answers exactly as the lexical prior's own arm."""
-    monkeypatch.setenv("TOOLTRIE_CACHE_DIR", str(tmp_path / "cache"))
-    model_dir = tmp_path / "model"
-    tiny_model().save_pretrained(model_dir)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(BUNDLED_TOKENIZERS_DIR / "smollm2-135m" / name, model_dir / name)
+    model_dir = model_directory(tmp_path, monkeypatch)
     queries = tmp_path / "q.jsonl"
     queries.write_text('{"query": "weather in Oslo", "tools": ["WeatherTool"]}\n'
                        '{"query": "stock prices and the news", "tools": ["FinanceTool", "NewsTool"]}\n'
@@ -151,11 +153,7 @@ def test_cli_eval_scores_plain_and_need_describing_requests_in_one_run(
     refused before any model is loaded."""
     from tooltrie.eval.datasets import load_split
 
-    monkeypatch.setenv("TOOLTRIE_CACHE_DIR", str(tmp_path / "cache"))
-    model_dir = tmp_path / "model"
-    tiny_model().save_pretrained(model_dir)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(BUNDLED_TOKENIZERS_DIR / "smollm2-135m" / name, model_dir / name)
+    model_dir = model_directory(tmp_path, monkeypatch)
     code = main(["eval", "--model", str(model_dir), "--dataset", "catalog-needs:validation,metatool-multi",
                  "--arms", "lexical", "--prior", "lexical", "--no-plots", "-o", str(tmp_path / "out")])
     assert code == 0
