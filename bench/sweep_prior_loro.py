@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from _common import REPO_DIR, print_table, write_results
+from sweep_prior import min_max, reciprocal_ranks  # the same normalisations the first sweep tried
 
 from tooltrie.eval.compare import RESAMPLES, bootstrap_interval, sign_test
 from tooltrie.eval.datasets import LabelledQuery, load_split, registry_path
@@ -41,18 +42,6 @@ CACHE = REPO_DIR / "build" / "sweep-prior-loro"
 
 
 # -- the ways of combining the dense and the lexical scores, each one function over [queries, tools] arrays --------
-
-def min_max(scores: Scores) -> Scores:
-    low, high = scores.min(axis=1, keepdims=True), scores.max(axis=1, keepdims=True)
-    result: Scores = np.divide(scores - low, high - low, out=np.zeros_like(scores), where=high > low)
-    return result
-
-
-def reciprocal_ranks(scores: Scores, k: int = 60) -> Scores:
-    ranks = np.argsort(np.argsort(-scores, axis=1, kind="stable"), axis=1, kind="stable")
-    result: Scores = (1.0 / (k + 1 + ranks)).astype(np.float32)
-    return result
-
 
 NORMALISATIONS: dict[str, Callable[[Scores], Scores]] = {
     "z": standardized,  # today's: z-scores per query
