@@ -5,7 +5,8 @@ tooltrie's processor, the default model as served (its adapter merged, float32).
 - the same greedy answers as the in-process engine on the same model, as the same JSON (tools, pointers, scores
   from vLLM's processed logprobs, token counts), on held-out catalog queries at k = 1, 2, 3, over the whole registry,
   over subsets (allow, deny: the allowed tools' ids in ``tooltrie_tools``), and ranked by the default (hybrid)
-  prior, alone or fused, with and without the pre-filter (the prior made here and sent in ``tooltrie_prior``);
+  prior, alone or fused, with and without the pre-filter (the prior made here and sent in ``tooltrie_prior``), for
+  a tenant whose policy narrows the catalog, and with the pre-filter on BFCL;
 - vLLM's own completions route: k tools asked for in ``vllm_xargs`` come back as k distinct registry tools (of the
   subset, when one is given); a bad argument is a 400 naming it: a path or an unknown name for the artifact (which
   vLLM reads only from its ``$TOOLTRIE_ARTIFACT_ROOT``), a tool outside the registry, k above the subset;
@@ -35,9 +36,10 @@ from support.serve_http import check_answer, running_server, smollm_tokenizer
 from tooltrie.compiler.contract import Contract
 from tooltrie.eval.datasets import load_split
 from tooltrie.integrations.vllm_rows import request_args
-from tooltrie.registry import CATALOG_PATH, Registry, load_registry
+from tooltrie.registry import BFCL_PATH, CATALOG_PATH, Registry, load_registry
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.model import load_model, save_model_as_served
+from tooltrie.serve.policy import Policy
 from tooltrie.serve.prefilter import Prefilter, prior_rankers
 from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.service import DiscoveryService
@@ -50,6 +52,11 @@ NARROWED = ({}, {"allow": ["WeatherTool", "NewsTool", "MapTool", "FinanceTool"]}
 RANKED = ({"ranker": "fused"}, {"ranker": "retrieval"}, {"ranker": "fused", "prefilter": 8}, {"prefilter": 8},
           {"ranker": "fused", "allow": ["WeatherTool", "NewsTool", "MapTool", "FinanceTool"]})
 SUBSET = [3, 5, 8, 13]  # tool ids, for vLLM's own route
+OPEN_KEY, ACME_KEY = "open-tenant-key-0123456789", "acme-tenant-key-0123456789"
+ACME_TOOLS = ["WeatherTool", "NewsTool", "MapTool", "FinanceTool", "TripTool", "ExchangeTool"]
+POLICY = Policy.parse({"tenants": {  # a tenant of every tool, and one whose policy narrows the catalog
+    "everyone": {"keys": [OPEN_KEY], "registries": {"catalog": {}, "bfcl": {}}},
+    "acme": {"keys": [ACME_KEY], "registries": {"catalog": {"allow": ACME_TOOLS}}}}})
 START_S = 900  # vLLM's start-up on two shared cores (eager mode, no torch.compile)
 
 
@@ -133,10 +140,16 @@ def served() -> Iterator[tuple[object, str, object]]:
 
 def test_same_answers_as_the_engine_then_vllm_down_is_502(served: tuple[object, str, Any]) -> None:
     model, style, adapter = served
-    catalog = load_registry(CATALOG_PATH)
-    queries = load_split("metatool-single", "test")
-    asks = [{"query": queries[i * len(queries) // QUERIES].query, "k": k, **narrowed} for i in range(QUERIES)
-            for k in (1, 2, 3) for narrowed in NARROWED + RANKED]
+    catalog, bfcl = load_registry(CATALOG_PATH), load_registry(BFCL_PATH)
+    queries, bfcl_queries = load_split("metatool-single", "test"), load_split("bfcl", "test")
+    everyone, acme = {"Authorization": f"Bearer {OPEN_KEY}"}, {"Authorization": f"Bearer {ACME_KEY}"}
+    asks = [(everyone, {"query": queries[i * len(queries) // QUERIES].query, "k": k, **narrowed}, catalog)
+            for i in range(QUERIES) for k in (1, 2, 3) for narrowed in NARROWED + RANKED]
+    asks += [(acme, {"query": queries[i * len(queries) // QUERIES].query, "k": 2, **ranked}, catalog)
+             for i in range(QUERIES) for ranked in ({}, {"ranker": "fused"})]  # the tenant's subset
+    asks += [(everyone, {"query": bfcl_queries[i * len(bfcl_queries) // QUERIES].query, "k": 1, "registry": "bfcl",
+                         "prefilter": 32, **ranked}, bfcl)
+             for i in range(QUERIES) for ranked in ({}, {"ranker": "fused"})]
     limits = ServeLimits(timeout_s=300)
     with tempfile.TemporaryDirectory(prefix="tooltrie-vllm-") as scratch:
         work = Path(scratch)
@@ -148,20 +161,21 @@ def test_same_answers_as_the_engine_then_vllm_down_is_502(served: tuple[object, 
         try:
             wait_up(process, url, work / "vllm.log")
             rankers, _ = prior_rankers()
+            both = dict(prompt=Prompt.style(style), limits=limits, cache_dir=work / "cache", policy=POLICY,
+                        prefilter=Prefilter(rankers), base_adapter=adapter)
             remote = DiscoveryService.from_paths(
-                [CATALOG_PATH], None, smollm_tokenizer(), prompt=Prompt.style(style), limits=limits,
-                cache_dir=work / "cache", prefilter=Prefilter(rankers), base_adapter=adapter,
+                [CATALOG_PATH, BFCL_PATH], None, smollm_tokenizer(), **both,
                 remote=VllmServer(url, work / "artifacts", timeout_s=limits.timeout_s))
-            local = DiscoveryService.from_paths([CATALOG_PATH], model, smollm_tokenizer(), prompt=Prompt.style(style),
-                                                limits=limits, cache_dir=work / "cache", prefilter=Prefilter(rankers),
-                                                base_adapter=adapter)
+            local = DiscoveryService.from_paths([CATALOG_PATH, BFCL_PATH], model, smollm_tokenizer(), **both)
             with running_server(remote) as there, running_server(local) as here, \
                     httpx.Client(timeout=600) as client:
-                for ask in asks:
-                    theirs = client.post(there.url + "/v1/discover", json=ask)
-                    ours = client.post(here.url + "/v1/discover", json=ask)
+                for headers, ask, registry in asks:
+                    theirs = client.post(there.url + "/v1/discover", json=ask, headers=headers)
+                    ours = client.post(here.url + "/v1/discover", json=ask, headers=headers)
                     assert theirs.status_code == 200, theirs.text
-                    check_answer(theirs.json(), catalog, ask["k"])
+                    check_answer(theirs.json(), registry, ask["k"])
+                    if headers is acme:
+                        assert {t["name"] for t in theirs.json()["tools"]} <= set(ACME_TOOLS)
                     a, b = ours.json(), theirs.json()
                     assert a["ranker"] == b["ranker"], (ask, a, b)
                     assert [t["name"] for t in a["tools"]] == [t["name"] for t in b["tools"]], (ask, a, b)
@@ -171,11 +185,12 @@ def test_same_answers_as_the_engine_then_vllm_down_is_502(served: tuple[object, 
                     for field in ("prompt_tokens", "completion_tokens", "decision_points"):
                         assert a["usage"][field] == b["usage"][field], (field, a, b)
                 assert client.get(there.url + "/healthz").status_code == 200
-                check_completions_route(client, url, next((work / "artifacts").glob("*.trie.safetensors")), catalog)
+                check_completions_route(client, url, next((work / "artifacts").glob("catalog-*.trie.safetensors")),
+                                        catalog)
                 stop(process)
-                reply = client.post(there.url + "/v1/discover", json=asks[0])
+                reply = client.post(there.url + "/v1/discover", json=asks[0][1], headers=everyone)
                 assert reply.status_code == 502 and reply.json()["error"]["code"] == "bad_gateway", reply.text
-                assert client.get(there.url + "/v1/registries").status_code == 200
+                assert client.get(there.url + "/v1/registries", headers=everyone).status_code == 200
         finally:
             stop(process)
             log.close()
