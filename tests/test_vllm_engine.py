@@ -143,8 +143,10 @@ def test_malformed_arguments_are_refused_and_the_engine_lives_on(llm: Any, paths
                                                                 smollm: TokenizerInfo) -> None:
     prompt = catalog_prompts(catalog_artifact, smollm, 1, 2)
     before = generate(llm, prompt, constrained(paths["catalog"], 2))
-    for extra, message in [({"tooltrie_artifact": str(paths["catalog"]), "tooltrie_k": 0}, "k=0 is outside"),
-                           ({"tooltrie": {"artifact": str(paths["catalog"])}}, "must be"),
+    name = request_args(paths["catalog"], 2, flat=True)["tooltrie_artifact"]  # the file's name in the root
+    for extra, message in [({"tooltrie_artifact": name, "tooltrie_k": 0}, "k=0 is outside"),
+                           ({"tooltrie": {"artifact": name}}, "must be"),
+                           ({"tooltrie_artifact": str(paths["catalog"]), "tooltrie_k": 1}, "unknown artifact name"),
                            ({"tooltrie_artifact": "/nonexistent.safetensors", "tooltrie_k": 1},
                             "unknown artifact name")]:
         with pytest.raises((ValueError, VLLMValidationError), match=message):
