@@ -79,7 +79,6 @@ class Worker:
         self._lanes = {name: _Lane(name, engine) for name, engine in engines.items()}
         self._waiting: dict[str, deque[Request]] = {name: deque() for name in engines}
         self._draining: list[_Lane] = []  # replaced engines finishing their rows
-        self._decoding: dict[Request, _Lane] = {}  # each request in a slot -> the lane decoding it
         self._thread = threading.Thread(target=self._run, name="tooltrie-worker", daemon=True)
 
     # -- any thread ---------------------------------------------------------------------------------------------
@@ -186,11 +185,12 @@ class Worker:
             request.status = RequestStatus.CANCELLED
             self._uncount(request)
             self._count_cancel("waiting")
-        elif request in self._decoding:
-            lane = self._decoding.pop(request)
-            lane.requests.discard(request)
-            lane.engine.cancel(request)
-            self._count_cancel("decoding")
+        else:
+            lane = next((lane for lane in [*self._lanes.values(), *self._draining] if request in lane.requests), None)
+            if lane is not None:
+                lane.requests.discard(request)
+                lane.engine.cancel(request)
+                self._count_cancel("decoding")
 
     def _feed(self) -> None:
         """Move waiting requests into free slots; the engine admits them at its next step."""
@@ -207,7 +207,6 @@ class Worker:
                     self._deliver(request, exc)
                     continue
                 lane.requests.add(request)
-                self._decoding[request] = lane
                 free -= 1
 
     def _step(self, lane: _Lane) -> None:
@@ -219,7 +218,6 @@ class Worker:
             logger.exception("decoding failed on registry %r", lane.name)
             failure = f"decoding failed ({type(exc).__name__}: {exc}); the request was dropped"
             for failed in lane.requests:  # an exception each: each is raised in its own caller's task
-                self._decoding.pop(failed, None)
                 self._deliver(failed, DecodingFailedError(failure))
             lane.requests.clear()
             lane.engine = engine.fresh()
@@ -231,7 +229,6 @@ class Worker:
         for request in finished:  # answered, or (a remote engine's) failed with an error of its own
             if request in lane.requests:
                 lane.requests.discard(request)
-                self._decoding.pop(request, None)
                 self._deliver(request)
 
     def _deliver(self, request: Request, error: BaseException | None = None) -> None:
@@ -271,7 +268,6 @@ class Worker:
             for request in lane.requests:
                 self._deliver(request, UnavailableError(reason))
             lane.requests.clear()
-        self._decoding.clear()
         while True:
             try:
                 message = self._inbox.get_nowait()
