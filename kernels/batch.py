@@ -23,6 +23,7 @@ consumer's logits rows need not be the state's rows (vLLM's V2 runner maps them 
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -34,7 +35,7 @@ from tooltrie.compiler.artifact import Artifact
 from tooltrie.errors import DecodeError
 from tooltrie.kernels.bitmask import get_bitmask_shape
 from tooltrie.kernels.cpu import Outputs
-from tooltrie.kernels.state import DONE, ERROR, RUNNING, BatchState
+from tooltrie.kernels.state import DONE, ERROR, RUNNING, BatchState, FollowUp
 from tooltrie.kernels.vocab import VocabMap
 
 Rows = Sequence[int] | npt.NDArray[np.integer] | None
@@ -136,16 +137,21 @@ class TrieBatch:
 
     def add(self, row: int, k: int, *, constrained: bool = True, thinking: bool = False,
             subset: Collection[int] | None = None, prior: npt.ArrayLike | None = None,
-            model_weight: float = 1.0) -> None:
+            model_weight: float = 1.0, follow: FollowUp | None = None) -> None:
         """Start a request in ``row``: exactly ``k`` distinct tools (of ``subset``, if given); with ``thinking``,
         the constraint starts after the reasoning-end marker; ``constrained=False``: a row without a grammar.
         With ``prior`` (a float per tool, already weighted), each choice ranks a legal token by ``model_weight``
         times its score plus the best prior among the unused tools below it (the fused ranker of
-        ``kernels/walk.py``): with ``model_weight=0`` the answer is the prior's top k, best first."""
+        ``kernels/walk.py``): with ``model_weight=0`` the answer is the prior's top k, best first.
+
+        With ``follow`` too, the prior follows the answer: once the answer commits to a tool (``rules.committed``:
+        its name has ended and cannot go on, or the next tool has begun), the row's prior becomes
+        ``follow(committed tools)``, before the token that starts the next tool is chosen. On the host, between
+        calls, on every backend alike (``tooltrie.ranker.FollowUp``)."""
         self.backend.fetch(self.state)  # a device backend's rows moved on: the host copy first
         size, ranked = len(self.state), self.state.ranker.shape[0]
         self.state.add(self.artifact, row, k, constrained=constrained, thinking=thinking, subset=subset, prior=prior,
-                       model_weight=model_weight)
+                       model_weight=model_weight, follow=follow)
         self._synced([row] if len(self.state) == size and self.state.ranker.shape[0] == ranked
                      else range(len(self.state)))
 
@@ -201,6 +207,7 @@ class TrieBatch:
         self.state.table[row, : len(saved)] = saved
         self.state.table[row, len(saved) :] = -1  # the table grew wider since (a larger k): no tools there
         self._synced([row])
+        self._follow_answers()  # a row rolled back before a tool it had committed to gets that tool's prior back
 
     # -- the operations, one call each for the whole batch --------------------------------------------------------
 
@@ -218,6 +225,7 @@ class TrieBatch:
         else:
             ids, counts = ragged_ids(tokens)
         self.backend.accept(self.state, self._rows(rows, len(ids)), np.ascontiguousarray(ids), counts)
+        self._follow_answers()
 
     def fill_bitmask(self, bitmask: Any, rows: Rows = None) -> None:
         """Row i of an int32 bitmask ``[n, ceil(V/32)]`` (XGrammar's layout) gets state row ``rows[i]``'s legal
@@ -269,6 +277,7 @@ class TrieBatch:
         state_rows = self._rows(rows, len(self.state) if rows is None else len(rows))
         out = self.backend.outputs(len(state_rows), forced_width=self.forced_width)
         self.backend.follow_forced(self.state, state_rows, out)
+        self._follow_answers()
         return _runs(out)
 
     def runs(self, row: int, budget: int) -> list[tuple[int, ...]]:
@@ -297,7 +306,36 @@ class TrieBatch:
         state_rows = self._rows(rows, n_rows)
         out = self.backend.outputs(len(state_rows), forced_width=self.forced_width)
         self.backend.choose(self.state, state_rows, scores, hidden, vocab, out)
-        return Choice(_host(out.chosen), _host(out.stats), _host(out.decision), _runs(out))
+        choice = Choice(_host(out.chosen), _host(out.stats), _host(out.decision), _runs(out))
+        self._follow_answers()
+        return choice
+
+    def _follow_answers(self) -> None:
+        """Each running row whose prior follows its answer (``add(follow=...)``) and whose committed tools changed
+        gets the prior of its next tool. Nothing is read back from a device unless such a row exists."""
+        following = [row for row, f in enumerate(self.state.following) if f is not None]
+        if not following:
+            return
+        state = self.fetch()
+        changed = []
+        for row in following:
+            entry = state.following[row]
+            tools = state.committed(self.artifact, row)
+            if entry is None or state.status[row] != RUNNING or tools == entry.tools:
+                continue
+            try:
+                values = np.asarray(entry.follow_up(tools), dtype=np.float32)
+                if values.shape != (self.artifact.trie.n_tools,) or not np.isfinite(values).all():
+                    raise DecodeError(f"{values.shape} values, not {self.artifact.trie.n_tools} finite ones")
+            except Exception as error:  # that row fails loudly; its neighbours go on
+                logging.getLogger(__name__).error("slot %d: no prior after tools %s: %s", row, list(tools), error)
+                state.status[row] = ERROR
+            else:
+                state.ranker[row, 1:] = values
+            entry.tools = tools
+            changed.append(row)
+        if changed:
+            self._synced(changed)
 
     def _rows(self, rows: Rows, n_rows: int) -> npt.NDArray[np.int32]:
         if rows is None:

@@ -96,6 +96,16 @@ def advance(trie: CompiledTrie, slot: Slot, move: Move) -> Slot:
     return replace(slot, node=int(trie.edge_child[move.edge]), depth=1, used=finished)
 
 
+def committed(trie: CompiledTrie, slot: Slot) -> tuple[int, ...]:
+    """The tools ``slot``'s answer has committed to, in order: its finished tools and, where its name has ended with
+    more tools owed and no token can make it a longer name, the tool it names. What the prior of the next tool is
+    made from (``TrieBatch.add(follow=...)``), before the token that starts the next tool is chosen."""
+    tool = int(trie.node_tool[slot.node])
+    ended = (slot.status is Status.RUNNING and tool >= 0 and tool not in slot.used and slot.emitted + 1 < slot.k
+             and trie.node_edge_start[slot.node + 1] == trie.node_edge_start[slot.node])
+    return (*slot.used, tool) if ended else slot.used
+
+
 def runs_to_next_choice(trie: CompiledTrie, slot: Slot, eos_id: int, budget: int) -> list[tuple[int, ...]]:
     """From a choice, the runs that lead to the next choice inside the same name: a legal token, then the tokens
     the trie forces after it (edges only: the name goes on), ending where more than one token is legal again. In

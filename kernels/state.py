@@ -14,7 +14,7 @@ backend; the row as a readable ``Slot`` (:meth:`BatchState.slot`) is for the ora
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +51,8 @@ __all__ = [
     "THINKING",
     "USED",
     "BatchState",
+    "FollowUp",
+    "Following",
     "K",
     "check_k",
     "check_subset",
@@ -58,6 +60,17 @@ __all__ = [
 
 Column = npt.NDArray[np.int32]  # a view into the table: writes go through
 Subset = Collection[int] | None  # tool indices a slot may name; None: the whole registry
+# A request's prior for its next tool, given the tools its answer has committed to (``tooltrie.ranker.FollowUp``).
+FollowUp = Callable[[tuple[int, ...]], npt.ArrayLike]
+
+
+@dataclass(eq=False)
+class Following:
+    """A ranked row whose prior follows its answer: ``follow_up`` makes the prior of the next tool, and ``tools``
+    are the committed tools the row's ranker holds the prior for."""
+
+    follow_up: FollowUp
+    tools: tuple[int, ...] = ()
 
 
 def _no_rows(dtype: type[np.generic]) -> npt.NDArray[Any]:
@@ -73,13 +86,18 @@ class BatchState:
     reasoning-end marker (the constraint starts after it). ``counts [B, E]`` and ``allowed [B, n_tools]`` hold
     each row's subset; with no rows (the default) every slot has the whole registry. ``ranker [B, 1 + n_tools]``
     (float32) holds each row's fused ranker, the model's weight then each tool's prior (``walk.has_ranker``; NaN
-    weight: none); with no rows, no row has one.
+    weight: none); with no rows, no row has one. ``following[i]`` (None: no) says how row i's prior follows its
+    answer (``TrieBatch.add(follow=...)``): host-side, one entry per row, moved with the rows.
     """
 
     table: npt.NDArray[np.int32]
     counts: npt.NDArray[np.int32] = field(default_factory=lambda: _no_rows(np.int32))
     allowed: npt.NDArray[np.uint8] = field(default_factory=lambda: _no_rows(np.uint8))
     ranker: npt.NDArray[np.float32] = field(default_factory=lambda: _no_rows(np.float32))
+    following: list[Following | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.following += [None] * (len(self.table) - len(self.following))
 
     @property
     def k(self) -> Column:
@@ -181,6 +199,15 @@ class BatchState:
     def tools(self, row: int) -> list[int]:
         return [int(t) for t in self.used[row, : self.emitted[row]]]
 
+    def committed(self, artifact: Artifact, row: int) -> tuple[int, ...]:
+        """The tools row's answer has committed to (``rules.committed``, read from the table)."""
+        trie, used = artifact.trie, tuple(self.tools(row))
+        node = int(self.node[row])
+        tool = int(trie.node_tool[node]) if self.constrained[row] and not self.thinking[row] else -1
+        ended = (self.status[row] == RUNNING and tool >= 0 and tool not in used and len(used) + 1 < self.k[row]
+                 and trie.node_edge_start[node + 1] == trie.node_edge_start[node])
+        return (*used, tool) if ended else used
+
     @classmethod
     def empty(cls, capacity: int, *, k_max: int = 1) -> BatchState:
         """``capacity`` free rows (rows are added with :meth:`add`)."""
@@ -190,10 +217,14 @@ class BatchState:
         return cls(table)
 
     def add(self, artifact: Artifact, row: int, k: int, *, constrained: bool = True, thinking: bool = False,
-            subset: Subset = None, prior: npt.ArrayLike | None = None, model_weight: float = 1.0) -> None:
+            subset: Subset = None, prior: npt.ArrayLike | None = None, model_weight: float = 1.0,
+            follow: FollowUp | None = None) -> None:
         """Start a new request in ``row`` (growing the batch if needed): its counts come from its subset, once.
         With ``prior`` (one float per tool, already weighted), its choices rank ``model_weight * score + prior``
-        (the fused ranker of ``kernels/walk.py``)."""
+        (the fused ranker of ``kernels/walk.py``); with ``follow`` too, the prior follows the answer
+        (``TrieBatch``)."""
+        if follow is not None and prior is None:
+            raise DecodeError(f"slot {row}: a prior that follows the answer needs a prior to start from")
         if constrained:
             check_k(k, artifact.trie.n_tools, where=f"slot {row}")
             check_subset(artifact, subset, k, where=f"slot {row}")
@@ -201,6 +232,7 @@ class BatchState:
             self.grow(max(row + 1, 2 * len(self)))
         self._limit(artifact, row, subset)
         self._rank(artifact, row, prior, model_weight)
+        self.following[row] = None if follow is None else Following(follow)
         if k > self.used.shape[1]:
             self.table = np.pad(self.table, ((0, 0), (0, k - self.used.shape[1])), constant_values=-1)
         self.k[row] = k
@@ -227,6 +259,7 @@ class BatchState:
     def remove(self, row: int) -> None:
         """Free ``row``: it is done, and no step touches it until it is added again."""
         self.status[row], self.constrained[row] = DONE, 0
+        self.following[row] = None
 
     def move(self, source: int, target: int) -> None:
         """Row ``source``'s request moves to ``target`` (whose own request, if any, is dropped); ``source`` is free."""
@@ -236,6 +269,7 @@ class BatchState:
             return
         for array in self._row_arrays():
             array[target] = array[source]
+        self.following[target] = self.following[source]
         self.remove(source)
 
     def swap(self, a: int, b: int) -> None:
@@ -244,6 +278,7 @@ class BatchState:
             self.grow(max(a, b) + 1)
         for array in self._row_arrays():
             array[[a, b]] = array[[b, a]]
+        self.following[a], self.following[b] = self.following[b], self.following[a]
 
     def _row_arrays(self) -> list[npt.NDArray[Any]]:
         """The arrays with a row per slot (those without rows are not in use)."""
@@ -255,6 +290,7 @@ class BatchState:
         if extra <= 0:
             return
         self.table = np.concatenate([self.table, BatchState.empty(extra, k_max=self.used.shape[1]).table])
+        self.following += [None] * extra
         if self.counts.shape[0]:
             self.counts = np.concatenate([self.counts, np.zeros((extra, self.counts.shape[1]), np.int32)])
             self.allowed = np.concatenate([self.allowed, np.zeros((extra, self.allowed.shape[1]), np.uint8)])
@@ -273,6 +309,7 @@ class BatchState:
             raise DecodeError(f"batch_mapping must send kept slots to 0..{len(kept) - 1} exactly once, got {kept}")
         order = np.argsort(np.where(mapping >= 0, mapping, len(self)), kind="stable")[: len(kept)]
         self.table = np.ascontiguousarray(self.table[order])
+        self.following = [self.following[i] for i in order.tolist()]
         if self.counts.shape[0]:
             self.counts = np.ascontiguousarray(self.counts[order])
             self.allowed = np.ascontiguousarray(self.allowed[order])

@@ -300,7 +300,8 @@ class Engine:
                 row.ranker = prior.weights.as_dict()
             self.batch.add(row.cache_slot, request.k, thinking=request.reasoning, subset=request.tools,
                            prior=None if prior is None else prior.scores,
-                           model_weight=1.0 if prior is None else prior.model_weight)
+                           model_weight=1.0 if prior is None else prior.model_weight,
+                           follow=None if prior is None or prior.scores is None else prior.follow)
             if not request.reasoning:
                 forced = self.batch.follow_forced([row.cache_slot])[0]
                 self.batch.fetch()

@@ -37,7 +37,7 @@ from tooltrie.kernels import TrieBatch
 from tooltrie.kernels.bitmask import allocate_token_bitmask, allowed_tokens
 from tooltrie.kernels.cpu import logits_bits
 from tooltrie.kernels.reference import ReferenceBackend
-from tooltrie.kernels.rules import Slot, Status, advance, fail, legal_moves
+from tooltrie.kernels.rules import Slot, Status, advance, committed, fail, legal_moves
 from tooltrie.kernels.state import DONE, ERROR, RUNNING
 from tooltrie.kernels.walk import mask_rows
 from tooltrie.registry import make_registry
@@ -55,6 +55,8 @@ class Row:
     thinking: bool
     plain_status: Status = Status.RUNNING
     ranker: np.ndarray | None = None  # the model's weight, then each tool's prior
+    follow: Any = None  # how the prior follows the answer, and the committed tools the ranker holds it for
+    followed: tuple[int, ...] = ()
 
     @property
     def status(self) -> Status:
@@ -142,23 +144,29 @@ class BatchMachine(RuleBasedStateMachine):
 
     @rule(row=st.integers(0, ROWS - 1), k=st.integers(1, 3),
           kind=st.sampled_from(["trie", "trie", "thinking", "plain"]), subset_seed=st.none() | st.integers(0, 1000),
-          ranker=st.none() | st.tuples(st.sampled_from([0.0, 0.5, 1.0]), st.integers(0, 1000)))
-    def add(self, row: int, k: int, kind: str, subset_seed: int | None, ranker: tuple[float, int] | None) -> None:
+          ranker=st.none() | st.tuples(st.sampled_from([0.0, 0.5, 1.0]), st.integers(0, 1000), st.booleans()))
+    def add(self, row: int, k: int, kind: str, subset_seed: int | None,
+            ranker: tuple[float, int, bool] | None) -> None:
         n_tools = self.artifact.trie.n_tools
         subset = None
         if subset_seed is not None and kind != "plain":
             rng = random.Random(subset_seed)
             subset = frozenset(rng.sample(range(n_tools), rng.randint(k, n_tools)))
         constrained = kind != "plain"
-        prior, weight = None, 1.0
+        prior, weight, follow = None, 1.0, None
         if ranker is not None:  # priors in quarters: ties between tools happen
-            weight, prior = ranker[0], np.random.default_rng(ranker[1]).integers(-4, 5, n_tools) / 4
+            rng = np.random.default_rng(ranker[1])
+            weight, prior = ranker[0], rng.integers(-4, 5, n_tools) / 4
+            if ranker[2]:  # each committed tool moves every tool's prior by its row of quarters
+                moves = rng.integers(-4, 5, (n_tools, n_tools)) / 4
+                follow = lambda tools, prior=prior, moves=moves: prior + moves[list(tools)].sum(axis=0)  # noqa: E731
         for batch in self.batches.values():
             batch.add(row, k, constrained=constrained, thinking=kind == "thinking", subset=subset, prior=prior,
-                      model_weight=weight)
+                      model_weight=weight, follow=follow if constrained else None)
         slot = Slot.start(self.artifact.trie, k, subset) if constrained else None
         self.rows[row] = Row(slot, thinking=kind == "thinking",
-                             ranker=None if prior is None else np.array([weight, *prior], np.float32))
+                             ranker=None if prior is None else np.array([weight, *prior], np.float32),
+                             follow=follow if constrained else None)
         self.saved.pop(row, None)
 
     @precondition(lambda self: self.rows)
@@ -205,6 +213,7 @@ class BatchMachine(RuleBasedStateMachine):
         layout = [*rows, -1]  # a row of the engine's batch that is not ours
         for batch in self.batches.values():
             batch.accept([*tokens, [self.eos, 5]], layout)
+        self._follow_answers()
 
     @precondition(lambda self: self.rows)
     @rule(data=st.data())
@@ -243,6 +252,7 @@ class BatchMachine(RuleBasedStateMachine):
         logits = (rng.integers(0, 3, (len(layout), self.vocab)) if tied
                   else rng.standard_normal((len(layout), self.vocab))).astype(np.float32)
         expected = [self._choose(row, logits[i]) for i, row in enumerate(rows)]
+        self._follow_answers()
         for name, batch in self.batches.items():
             choice = batch.choose(logits, layout)
             for i, (chosen, stats, decision, forced) in enumerate(expected):
@@ -293,6 +303,17 @@ class BatchMachine(RuleBasedStateMachine):
         self.rows[row], saved = self.saved[row]
         for name, batch in self.batches.items():
             batch.restore(row, saved[name])
+        self._follow_answers()
+
+    def _follow_answers(self) -> None:
+        """A running row whose prior follows its answer gets the prior of its committed tools (``rules.committed``)."""
+        for index, row in self.rows.items():
+            if row.follow is None or row.status is not Status.RUNNING:
+                continue
+            tools = committed(self.artifact.trie, row.slot)
+            if tools != row.followed:
+                self.rows[index] = replace(row, ranker=np.array([row.ranker[0], *row.follow(tools)], np.float32),
+                                           followed=tools)
 
     # -- after every operation -------------------------------------------------------------------------------------
 
@@ -311,6 +332,8 @@ class BatchMachine(RuleBasedStateMachine):
                                                                 expected.slot.used), (name, row)
                     whole = frozenset(range(self.artifact.trie.n_tools))  # no subset: every tool
                     assert (got.allowed or whole) == (expected.slot.allowed or whole), (name, row)
+                if expected.ranker is not None:  # the prior the row's next choice reads
+                    np.testing.assert_array_equal(state.ranker[row], expected.ranker, err_msg=f"{name} {row}")
 
 
 @pytest.mark.parametrize("backends", [("reference", "cpu", "cpu, every node cached")])

@@ -14,6 +14,7 @@ import pytest
 from support.serve import small_artifact, tiny_model
 
 from tooltrie.compiler import Artifact, TokenizerInfo
+from tooltrie.kernels.rules import committed
 from tooltrie.kernels.state import DONE, RUNNING
 from tooltrie.ranker import Ranker
 from tooltrie.serve import engine as engine_module
@@ -89,10 +90,11 @@ ALLOWED_NAMES = ("get", "get_user", "search_web", "a")
 
 def test_a_rows_state_is_its_requests_all_along(smollm: TokenizerInfo, artifact: Artifact) -> None:
     """Before every pass, a request being decoded has, in its slot of the batch state, its k, status running, the
-    tools it may name (``allow``), its prior (the model's weight, then each tool's weighted prior) and the tools
-    emitted so far, each time a prefix of its answer's; when it finishes, status done and its answer's tools; then
-    the slot is free. The engine's own row holds the request, its prompt's length and the tokens taken so far (a
-    prefix of the answer's), and the prior's weights. Each expected value is worked out here, not read from the
+    tools it may name (``allow``), its prior (the model's weight, then each tool's weighted prior, following the tools
+    the answer has committed to: ``rules.committed``) and the tools emitted so far, each time a prefix of its
+    answer's; when it finishes, status done and its answer's tools; then the slot is free. The engine's own row
+    holds the request, its prompt's length and the tokens taken so far (a prefix of the answer's), and the prior's
+    weights. Each expected value is worked out here, not read from the
     engine: the allowed ids from the registry's names, the prior from a ranker of its own."""
     registry = artifact.registry
     query, k = "get the user, then search the web for a", 2
@@ -112,6 +114,7 @@ def test_a_rows_state_is_its_requests_all_along(smollm: TokenizerInfo, artifact:
         return {"slot": slot, "k": int(state.k[slot]), "status": int(state.status[slot]), "tools": state.tools(slot),
                 "allowed": set(np.flatnonzero(state.allowed[slot]).tolist()) if len(state.allowed) else None,
                 "ranker": state.ranker[slot].copy() if len(state.ranker) else None,
+                "committed": committed(artifact.trie, state.slot(slot)),
                 "request": row.request, "prompt_tokens": row.prompt_tokens, "token_ids": list(row.token_ids),
                 "weights": dict(row.ranker)}
 
@@ -134,12 +137,14 @@ def test_a_rows_state_is_its_requests_all_along(smollm: TokenizerInfo, artifact:
         assert row["request"] is request and row["slot"] == seen[0]["slot"]
         assert (row["k"], row["status"], row["allowed"]) == (k, RUNNING, allowed)
         assert row["ranker"] is not None and row["ranker"][0] == prior.model_weight
-        np.testing.assert_array_equal(row["ranker"][1:], prior.scores)
+        assert prior.follow is not None
+        np.testing.assert_array_equal(row["ranker"][1:], prior.follow(row["committed"]))
         assert row["tools"] == answer_tools[: len(row["tools"])]
         assert row["token_ids"] == answer.token_ids[: len(row["token_ids"])]
         assert row["prompt_tokens"] == prompt_tokens == answer.prompt_tokens
         assert row["weights"] == prior.weights.as_dict() == answer.ranker
     assert {len(row["tools"]) for row in seen} == {0, 1}  # seen before its first tool and between the two
+    assert {len(row["committed"]) for row in seen} == {0, 1}  # the first tool's prior, then the second's
     (last,) = finished
     assert (last["status"], last["tools"], last["token_ids"]) == (DONE, answer_tools, answer.token_ids)
     state = engine.batch.fetch()

@@ -248,12 +248,32 @@ class LexicalIndex:
     def scores(self, query: str) -> npt.NDArray[np.float32]:
         """[tools] BM25 scores of ``query``'s words (``identifier_words``, stop words out); all 0 for a query with no
         word the tools have."""
-        vocabulary = self._bm25.vocab_dict
-        ids = [vocabulary[word] for word in _split(query, _content_words) if word in vocabulary]
+        ids = self.words(query)
         if not ids:
             return np.zeros(self.n_tools, dtype=np.float32)
         scores: npt.NDArray[np.float32] = np.asarray(self._bm25.get_scores_from_ids(ids), dtype=np.float32)
         return scores
+
+    def words(self, text: str) -> list[int]:
+        """The ids of ``text``'s words that the tools have, as BM25 reads a query: split by ``identifier_words``,
+        stop words out, a word said twice counted twice."""
+        vocabulary = self._bm25.vocab_dict
+        return [vocabulary[word] for word in _split(text, _content_words) if word in vocabulary]
+
+    def weighted_scores(self, words: Sequence[int], weights: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        """[tools] BM25 scores of the query ``words`` (ids, from :meth:`words`), each word's part times its weight:
+        with every weight 1, :meth:`scores` (to float32 rounding). One pass over the words' postings, so its cost
+        is theirs and one array of the tools (``bench/bench_lexical.py``)."""
+        if not len(words):
+            return np.zeros(self.n_tools, dtype=np.float32)
+        matrix = self._bm25.scores
+        indptr, starts = matrix["indptr"], np.asarray(words, dtype=np.int64)
+        lengths = indptr[starts + 1] - indptr[starts]
+        # the postings of every word, one after the other: positions start..start+length of each
+        positions = np.repeat(indptr[starts] - np.cumsum(lengths) + lengths, lengths) + np.arange(lengths.sum())
+        values = matrix["data"][positions] * np.repeat(np.asarray(weights, dtype=np.float32), lengths)
+        total = np.bincount(matrix["indices"][positions], weights=values, minlength=self.n_tools)
+        return total.astype(np.float32)
 
     @classmethod
     def cached(cls, registry: Registry, path: str | Path | None) -> LexicalIndex:

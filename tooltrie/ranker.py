@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
@@ -50,7 +51,7 @@ if TYPE_CHECKING:  # numpy is imported where it is used: the CLI reads this modu
 
     from tooltrie.compiler.artifact import Artifact
     from tooltrie.lexical import LexicalIndex
-    from tooltrie.registry.model import Registry
+    from tooltrie.registry.model import Registry, Tool
 
 RANKERS = ("model", "retrieval", "fused")
 PRIORS = ("dense", "lexical", "hybrid")
@@ -59,6 +60,12 @@ ENCODER = "all-MiniLM-L6-v2"
 # The hybrid prior's weights on the dense and the lexical z-scores. Chosen on the validation splits of BFCL and of the
 # MetaTool catalog, never on a test split (bench/sweep_prior.py; docs/benchmarks.md#the-retrieval-prior).
 HYBRID = {"dense": 1.0, "lexical": 0.15}
+# How the prior follows the answer (``FollowUp``): after each tool, the request's words that the chosen tools' names
+# hold count ``covered`` times in the lexical score, and the lexical z-scores weigh ``lexical`` beside the dense ones
+# (the lexical prior alone keeps its weight). Chosen over the hybrid prior by the exact-set rate of the k >= 2
+# requests on five registries' validation splits, leave one registry out reported (bench/sweep_prior_follow.py;
+# docs/benchmarks.md#the-prior-follows-the-answer).
+FOLLOW = {"covered": 0.25, "lexical": 0.6}
 
 
 class RankerError(TooltrieError, ValueError):
@@ -88,16 +95,66 @@ UNTRAINED = Weights(model=1.0, retrieval=10.0)
 NO_ADAPTER = Weights(model=1.0, retrieval=50.0)
 
 
+@dataclass(frozen=True, eq=False)  # compared by identity: it holds arrays
+class FollowUp:
+    """How one request's prior follows its answer: called with the tools the answer has committed to, the prior of
+    its next tool. The first tool's prior (``first``) holds the lexical z-scores at ``lexical_weight``; for a later
+    tool they are scored again with the request's ``words`` that the chosen tools' names hold counting ``covered``
+    times, weighed ``later_weight``. A request of several needs names the first in words the first tool's name
+    answers; what it still asks for is in the others. Costs one pass over the request's postings and two arrays of
+    the tools per committed tool (``bench/bench_lexical.py``).
+
+    >>> import numpy as np
+    >>> from tooltrie.registry import make_registry
+    >>> registry = make_registry([{"name": "get_weather"}, {"name": "get_news"}, {"name": "weather_news"}], name="d")
+    >>> prior = Ranker(registry, prior="lexical", fused=Weights(0.0, 1.0)).row("weather and news", "fused")
+    >>> [registry.names[i] for i in np.argsort(-prior.scores, kind="stable")]  # the first tool: the two words at once
+    ['weather_news', 'get_weather', 'get_news']
+    >>> after = prior.follow((2,))  # its words answered, neither counts more than the other
+    >>> bool(after[0] == after[1])
+    True
+    """
+
+    first: npt.NDArray[np.float32]
+    words: tuple[int, ...]
+    index: LexicalIndex
+    tools: Sequence[Tool]
+    lexical_weight: float
+    later_weight: float
+    covered: float = FOLLOW["covered"]
+
+    def __call__(self, tools: tuple[int, ...]) -> npt.NDArray[np.float32]:
+        import numpy as np
+
+        if not tools:
+            return self.first
+        covered = {word for tool in tools for word in self.index.words(self.tools[tool].name)}
+        weights = [self.covered if word in covered else 1.0 for word in self.words]
+        later = self.later_weight * standardized(self.index.weighted_scores(self.words, weights)[None])[0]
+        return (self._rest + later).astype(np.float32)
+
+    @cached_property
+    def _rest(self) -> npt.NDArray[np.float32]:
+        """The first tool's prior less its lexical part: the parts that do not follow the answer."""
+        import numpy as np
+
+        lexical = standardized(self.index.weighted_scores(self.words, np.ones(len(self.words)))[None])[0]
+        rest: npt.NDArray[np.float32] = self.first - np.float32(self.lexical_weight) * lexical
+        return rest
+
+
 @dataclass(frozen=True, eq=False)  # compared by identity: it holds an array
 class Prior:
     """One request's prior, ready for the decode (``TrieBatch.add``): ``scores`` each tool's prior, already weighted
-    (None: the model alone), ``model_weight`` what the model's scores are multiplied by, ``weights`` what was used, and
-    ``registry_sha256`` the registry version the scores are for (a prior made before a reload is made again)."""
+    (None: the model alone), ``model_weight`` what the model's scores are multiplied by, ``weights`` what was used,
+    ``registry_sha256`` the registry version the scores are for (a prior made before a reload is made again), and
+    ``follow`` how the prior follows the answer (None: it does not; ``FollowUp``)."""
 
     scores: npt.NDArray[np.float32] | None
     model_weight: float
     weights: Weights
     registry_sha256: str
+    follow: FollowUp | None = None
 
 
 def check_ranker(name: str, *, where: str = "request") -> str:
@@ -156,8 +213,9 @@ class Ranker:
 
     def __init__(self, registry: Registry, *, fused: Weights = UNTRAINED, prior: str = DEFAULT_PRIOR,
                  embeddings_path: str | Path | None = None, lexical_path: str | Path | None = None,
-                 encoder: Any = None) -> None:
-        self.registry, self.fused, self._encoder = registry, fused, encoder
+                 encoder: Any = None, follow: bool = True) -> None:
+        """``follow``: whether a request's prior follows its answer (``FollowUp``; for a prior with a lexical part)."""
+        self.registry, self.fused, self._encoder, self.follow = registry, fused, encoder, follow
         self.prior = check_prior(prior, where="prior")
         self.embeddings_path = None if embeddings_path is None else Path(embeddings_path)
         self.lexical_path = None if lexical_path is None else Path(lexical_path)
@@ -180,7 +238,21 @@ class Ranker:
             return Prior(None, weights.model, weights, self.registry.sha256)
         if scores is None:
             scores = self.prior_scores([query], prior)[0]
-        return Prior((weights.retrieval * scores).astype("float32"), weights.model, weights, self.registry.sha256)
+        first = (weights.retrieval * scores).astype("float32")
+        return Prior(first, weights.model, weights, self.registry.sha256,
+                     self.follow_up(query, first, weights.retrieval, prior))
+
+    def follow_up(self, query: str, first: npt.NDArray[np.float32], retrieval: float,
+                  prior: str | None = None) -> FollowUp | None:
+        """How the prior ``first`` of ``query`` (prior ``prior``, weighted ``retrieval``) follows the answer; None
+        when it does not: no lexical part, or ``follow`` off."""
+        parts = prior_parts(prior or self.prior)
+        if not self.follow or "lexical" not in parts:
+            return None
+        later = FOLLOW["lexical"] if "dense" in parts else parts["lexical"]
+        index = self.lexical
+        return FollowUp(first, tuple(index.words(query)), index, self.registry.tools,
+                        retrieval * parts["lexical"], retrieval * later)
 
     def prior_scores(self, queries: list[str], prior: str | None = None) -> npt.NDArray[np.float32]:
         """[len(queries), tools] the prior (``PRIORS``; None: the ranker's own), z-scores per query."""
@@ -301,6 +373,6 @@ def _write_embeddings(path: Path, embeddings: npt.NDArray[np.float32], registry_
         logging.getLogger(__name__).warning("the tools' embeddings were not cached: %s", exc)
 
 
-__all__ = ["DEFAULT_PRIOR", "HYBRID", "NO_ADAPTER", "PRIORS", "RANKERS", "Prior", "Ranker", "RankerError", "Weights",
-           "check_prior", "check_ranker", "embeddings_path", "lexical_path", "needs_encoder", "prior_parts",
-           "ranker_for", "standardized"]
+__all__ = ["DEFAULT_PRIOR", "FOLLOW", "HYBRID", "NO_ADAPTER", "PRIORS", "RANKERS", "FollowUp", "Prior", "Ranker",
+           "RankerError", "Weights", "check_prior", "check_ranker", "embeddings_path", "lexical_path", "needs_encoder",
+           "prior_parts", "ranker_for", "standardized"]
