@@ -74,7 +74,7 @@ def test_words_counted_fully_at_the_same_weight_leave_the_prior_as_it_was() -> N
     ranker = Ranker(load_registry(CATALOG_PATH), encoder=MadeUpEncoder())
     made = ranker.row(QUERIES[0], "fused")
     assert made.follow is not None and made.scores is not None
-    same = FollowUp(made.scores, made.follow.words, made.follow.index, made.follow.tools,
+    same = FollowUp(made.scores, made.follow.query, made.follow.index, made.follow.tools,
                     made.follow.lexical_weight, made.follow.lexical_weight, covered=1.0)
     np.testing.assert_allclose(same((3, 7)), made.scores, atol=1e-5)
     assert not np.allclose(made.follow((3, 7)), made.scores, atol=1e-3)  # the shipped constants do move it

@@ -99,10 +99,10 @@ NO_ADAPTER = Weights(model=1.0, retrieval=50.0)
 class FollowUp:
     """How one request's prior follows its answer: called with the tools the answer has committed to, the prior of
     its next tool. The first tool's prior (``first``) holds the lexical z-scores at ``lexical_weight``; for a later
-    tool they are scored again with the request's ``words`` that the chosen tools' names hold counting ``covered``
-    times, weighed ``later_weight``. A request of several needs names the first in words the first tool's name
-    answers; what it still asks for is in the others. Costs one pass over the request's postings and two arrays of
-    the tools per committed tool (``bench/bench_lexical.py``).
+    tool they are scored again, the words of the request (``query``) that the chosen tools' names hold counting
+    ``covered`` times, weighed ``later_weight``: a request of several needs names the first in words the first
+    tool's name answers, and what it still asks for in the others. Costs one pass over the request's postings and
+    two arrays of the tools per committed tool (``bench/bench_lexical.py``).
 
     >>> import numpy as np
     >>> from tooltrie.registry import make_registry
@@ -116,7 +116,7 @@ class FollowUp:
     """
 
     first: npt.NDArray[np.float32]
-    words: tuple[int, ...]
+    query: str
     index: LexicalIndex
     tools: Sequence[Tool]
     lexical_weight: float
@@ -132,6 +132,11 @@ class FollowUp:
         weights = [self.covered if word in covered else 1.0 for word in self.words]
         later = self.later_weight * standardized(self.index.weighted_scores(self.words, weights)[None])[0]
         return (self._rest + later).astype(np.float32)
+
+    @cached_property
+    def words(self) -> list[int]:
+        """The request's words, as the lexical index reads them (``LexicalIndex.words``)."""
+        return self.index.words(self.query)
 
     @cached_property
     def _rest(self) -> npt.NDArray[np.float32]:
@@ -251,7 +256,7 @@ class Ranker:
             return None
         later = FOLLOW["lexical"] if "dense" in parts else parts["lexical"]
         index = self.lexical
-        return FollowUp(first, tuple(index.words(query)), index, self.registry.tools,
+        return FollowUp(first, query, index, self.registry.tools,
                         retrieval * parts["lexical"], retrieval * later)
 
     def prior_scores(self, queries: list[str], prior: str | None = None) -> npt.NDArray[np.float32]:
