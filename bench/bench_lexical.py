@@ -1,6 +1,9 @@
 """The lexical prior's cost (``tooltrie/lexical.py``): building the BM25 index of a registry (the words split out of
 every tool, then the BM25 matrix), reading it back from the file kept beside the artifact, and scoring one query
-(BM25 over every tool, then the z-scores the prior uses), on one core. Beside the build, taking turns with it: the
+(BM25 over every tool, then the z-scores the prior uses), and how the prior follows the answer
+(``ranker.FollowUp``): making it when the request is admitted (the first prior's lexical part taken out), then
+the prior of the next tool once the answer has committed to one tool and to two (the request's words rescored,
+z-scored again), on one core. Beside the build, taking turns with it: the
 straightforward build of the same index (each tool's ``tool_words``, then bm25s's own ``BM25.index``).
 
 Registries: BFCL's 1,853 tools, then synthetic ones of 10,000 and 100,000 tools (``bench_compile.synthetic_names``,
@@ -32,11 +35,11 @@ from bench_compile import synthetic_names
 
 from tooltrie.eval.datasets import load_split
 from tooltrie.lexical import BM25_PARAMETERS, LexicalIndex, tool_words
-from tooltrie.ranker import standardized
+from tooltrie.ranker import FOLLOW, FollowUp, standardized
 from tooltrie.registry import BFCL_PATH, Registry, load_registry, make_registry
 from tooltrie.serve.prefilter import Prefilter
 
-TARGETS = {"index_s_at_100k": 2.0, "query_ms_at_100k": 5.0}
+TARGETS = {"index_s_at_100k": 2.0, "query_ms_at_100k": 5.0, "follow_up_ms_at_100k": 1.0}
 _PHRASES = ("for a given date range", "and returns the matching records", "with optional filters",
             "in the user's account", "as a paginated list", "by its identifier", "for the current user",
             "and sends a notification", "in the requested currency", "from the connected service")
@@ -119,20 +122,30 @@ def main(argv: list[str] | None = None) -> int:
                                 "bm25s build": lambda registry=registry: bm25s_build(registry),
                                 "read back": lambda registry=registry, path=path: LexicalIndex.cached(registry, path)},
                                repeats=args.repeats)
-        scores, priors = [], []
+        scores, priors, made, follow_ups = [], [], [], ([], [])
         for query in queries:
             began = time.perf_counter()
             row = index.scores(query)
             middle = time.perf_counter()
-            standardized(row[None, :])
+            first = standardized(row[None, :])[0]
             scores.append(time.perf_counter() - began)
             priors.append(time.perf_counter() - middle)
+            began = time.perf_counter()
+            follow = FollowUp(first, query, index, registry.tools, 1.0, 1.0, FOLLOW["covered"])
+            made.append(time.perf_counter() - began)
+            chosen = tuple(int(t) for t in (-first).argsort(kind="stable")[:2])
+            for n, samples in zip((1, 2), follow_ups, strict=True):
+                began = time.perf_counter()
+                follow(chosen[:n])
+                samples.append(time.perf_counter() - began)
         result = {"registry": registry.name, "tools": len(registry),
                   "build_s": summarize(times["build"].samples["wall"]),
                   "bm25s_build_s": summarize(times["bm25s build"].samples["wall"]),
                   "read_back_s": summarize(times["read back"].samples["wall"]),
                   "query_ms": summarize([1000 * s for s in scores]),
-                  "z_scores_ms": summarize([1000 * s for s in priors])}
+                  "z_scores_ms": summarize([1000 * s for s in priors]),
+                  "follow_up_made_ms": summarize([1000 * s for s in made]),
+                  "follow_up_ms": [summarize([1000 * s for s in samples]) for samples in follow_ups]}
         results.append(result)
         rows.append({"registry": registry.name, "tools": len(registry),
                      "index build s": median(times["build"].samples["wall"]),
@@ -140,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
                      "read back s": median(times["read back"].samples["wall"]),
                      "query ms (median)": median([1000 * s for s in scores]),
                      "query ms (max)": max(1000 * s for s in scores),
-                     "z-scores ms": median([1000 * s for s in priors])})
+                     "z-scores ms": median([1000 * s for s in priors]),
+                     "follow-up made ms": median([1000 * s for s in made]),
+                     "next prior ms (1st, 2nd tool)": "{:.2f}, {:.2f}".format(
+                         *(median([1000 * s for s in samples]) for samples in follow_ups))})
     print_table(rows, title="lexical prior, one core")
     # The last registry's result (the largest, by default) also holds the pre-filter's top N by its prior.
     top_n = [int(n) for n in args.top_n.split(",")]

@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,8 +101,9 @@ class FollowUp:
     its next tool. The first tool's prior (``first``) holds the lexical z-scores at ``lexical_weight``; for a later
     tool they are scored again, the words of the request (``query``) that the chosen tools' names hold counting
     ``covered`` times, weighed ``later_weight``: a request of several needs names the first in words the first
-    tool's name answers, and what it still asks for in the others. Costs one pass over the request's postings and
-    two arrays of the tools per committed tool (``bench/bench_lexical.py``).
+    tool's name answers, and what it still asks for in the others. Made with the request's prior, when it is
+    admitted; then each committed tool costs one pass over the request's postings and two arrays of the tools
+    (``bench/bench_lexical.py``).
 
     >>> import numpy as np
     >>> from tooltrie.registry import make_registry
@@ -122,6 +123,16 @@ class FollowUp:
     lexical_weight: float
     later_weight: float
     covered: float = FOLLOW["covered"]
+    words: list[int] = field(init=False)  # the request's words, as the lexical index reads them
+    _rest: npt.NDArray[np.float32] = field(init=False, repr=False)  # ``first`` less its lexical part
+
+    def __post_init__(self) -> None:
+        import numpy as np
+
+        words = self.index.words(self.query)
+        lexical = standardized(self.index.weighted_scores(words, np.ones(len(words)))[None])[0]
+        object.__setattr__(self, "words", words)
+        object.__setattr__(self, "_rest", self.first - np.float32(self.lexical_weight) * lexical)
 
     def __call__(self, tools: tuple[int, ...]) -> npt.NDArray[np.float32]:
         import numpy as np
@@ -132,20 +143,6 @@ class FollowUp:
         weights = [self.covered if word in covered else 1.0 for word in self.words]
         later = self.later_weight * standardized(self.index.weighted_scores(self.words, weights)[None])[0]
         return (self._rest + later).astype(np.float32)
-
-    @cached_property
-    def words(self) -> list[int]:
-        """The request's words, as the lexical index reads them (``LexicalIndex.words``)."""
-        return self.index.words(self.query)
-
-    @cached_property
-    def _rest(self) -> npt.NDArray[np.float32]:
-        """The first tool's prior less its lexical part: the parts that do not follow the answer."""
-        import numpy as np
-
-        lexical = standardized(self.index.weighted_scores(self.words, np.ones(len(self.words)))[None])[0]
-        rest: npt.NDArray[np.float32] = self.first - np.float32(self.lexical_weight) * lexical
-        return rest
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: it holds an array
