@@ -45,6 +45,9 @@ def add_commands(commands: Any) -> None:
                     help="a setting of the vLLM arms' LLM (VALUE read as JSON, else text), over the machine's "
                          "defaults (on a CPU: enforce_eager=true, kv_cache_memory_bytes=2 GiB); repeatable")
     add_ranker_options(ev, what="the engine arm's", default="model")
+    ev.add_argument("--no-follow", dest="follow", action="store_false",
+                    help="the prior of every tool is the first tool's: it does not follow the answer (to measure "
+                         "what following it adds; ranker.FollowUp)")
     ev.add_argument("--no-plots", dest="plots", action="store_false")
     ev.add_argument("-o", "--output", type=Path, required=True,
                     help="directory for results.json, answers.jsonl, report.md, PNGs")
@@ -155,13 +158,13 @@ def _eval(args: argparse.Namespace) -> int:
                       artifact_path=args.artifact,
                       options={"ranker": ranker, "vllm": vllm_options(args.vllm),
                                "retrieval": ranker_for(artifact, args.artifact or args.registry, weights,
-                                                       prior=args.prior) if ranked else None})
+                                                       prior=args.prior, follow=args.follow) if ranked else None})
     meta = {"dataset": ",".join(name for name, _ in parts), "split": ",".join(split for _, split in parts),
             "model": info.name, "model_fingerprint": info.fingerprint, "dtype": str(info.dtype).removeprefix("torch."),
             "prompt_style": style, "limit": args.limit,
             "adapter": None if info.adapter is None else str(info.adapter.path),
             "sample": args.sample, "ranker": ranker, "ranker_asked": args.ranker, "prior": args.prior,
-            "fused_weights": weights.as_dict()}
+            "fused_weights": weights.as_dict(), "follow": args.follow}
     results = evaluate(queries, arms, setup, meta=meta)
     paths = write_results(results, args.output, plots=args.plots)
     for arm, data in results["arms"].items():

@@ -322,7 +322,7 @@ class Ranker:
 
 
 def ranker_for(artifact: Artifact, source: str | Path | None, weights: Weights, *,
-               prior: str = DEFAULT_PRIOR) -> Ranker:
+               prior: str = DEFAULT_PRIOR, follow: bool = True) -> Ranker:
     """The ``Ranker`` of an artifact. The tools' embeddings and lexical index are kept beside ``source`` when it is
     a compiled artifact, else in the compile cache (keyed by the registry's sha256)."""
     from tooltrie.compiler.cache import default_cache_dir
@@ -331,7 +331,7 @@ def ranker_for(artifact: Artifact, source: str | Path | None, weights: Weights, 
     beside = Path(source) if source is not None and is_artifact(source) else (
         default_cache_dir() / f"{artifact.registry.sha256[:32]}.safetensors")
     return Ranker(artifact.registry, fused=weights, prior=prior, embeddings_path=embeddings_path(beside),
-                  lexical_path=lexical_path(beside))
+                  lexical_path=lexical_path(beside), follow=follow)
 
 
 def embeddings_path(artifact_path: str | Path) -> Path:
