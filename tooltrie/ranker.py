@@ -142,7 +142,8 @@ class FollowUp:
         covered = {word for tool in tools for word in self.index.words(self.tools[tool].name)}
         weights = [self.covered if word in covered else 1.0 for word in self.words]
         later = self.later_weight * standardized(self.index.weighted_scores(self.words, weights)[None])[0]
-        return (self._rest + later).astype(np.float32)
+        prior: npt.NDArray[np.float32] = (self._rest + later).astype(np.float32)
+        return prior
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: it holds an array
