@@ -79,7 +79,7 @@ def sorted_top(n_tools: int, n: int, within: frozenset[int] | None, scores: Any)
 def bench_top(registry: Registry, index: LexicalIndex, queries: list[str], top_n: list[int],
               seed: int = 0) -> list[dict[str, Any]]:
     """The pre-filter's top N by each query's lexical prior, the sorted rule and the arrays taking turns."""
-    prefilter, n_tools = Prefilter(None), len(registry)
+    prefilter, n_tools = Prefilter(), len(registry)
     half = frozenset(random.Random(seed).sample(range(n_tools), n_tools // 2))
     priors = [standardized(index.scores(query)[None, :])[0] for query in queries]
     rows = []
@@ -88,8 +88,8 @@ def bench_top(registry: Registry, index: LexicalIndex, queries: list[str], top_n
             samples: dict[str, list[float]] = {"sorted": [], "arrays": []}
             for query, scores in zip(queries, priors, strict=True):
                 arms: dict[str, Arm] = {"sorted": partial(sorted_top, n_tools, n, within, scores),
-                                        "arrays": partial(prefilter.top, registry, query, n, within=within,
-                                                          scores=scores)}
+                                        "arrays": partial(prefilter.top, registry, n, scores=scores,
+                                                          within=within)}
                 if arms["sorted"]() != arms["arrays"]():
                     raise RuntimeError(f"the arms disagree on {query!r} (N={n}, {within_name})")
                 for name, times in take_turns(arms, repeats=1).items():

@@ -44,7 +44,7 @@ from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.mcp_tools import MCP_PATH, TENANT_SCOPE_KEY, mcp_server
 from tooltrie.serve.metrics import ServeMetrics
 from tooltrie.serve.policy import Policy, Tenant, check_open_binding
-from tooltrie.serve.prefilter import Prefilter, PrefilterError, prior_rankers
+from tooltrie.serve.prefilter import Prefilter, PrefilterError
 from tooltrie.serve.request import Request
 from tooltrie.serve.schema import DiscoverBody, DiscoverResponse, ErrorBody
 from tooltrie.serve.service import Disconnected, DiscoveryService
@@ -372,8 +372,7 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     tenants = Policy.load(policy) if policy is not None else None
     check_open_binding(host, tenants)  # before anything slow: an open server may listen on loopback only
     names = [registry_of(path).name for path in registries]  # a bad registry file is refused before the model loads
-    rankers, why = prior_rankers(prior)
-    limits_n = prefilter_limits(prefilter or {}, names)
+    top_n = Prefilter.over(prior, limits=prefilter_limits(prefilter or {}, names))
     trainer = None
     if train is not None:  # adapters are trained on the model as served: its float32 weights' fingerprint keys them
         loaded, info = load_model(model, adapter=adapter)
@@ -383,9 +382,8 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
         loaded, info = load_model(model, adapter=adapter, dtype=serving_dtype(dtype))
     service = DiscoveryService.from_paths(registries, loaded, TokenizerInfo.load(tokenizer or info.tokenizer),
                                           prompt=Prompt.style(info.prompt_style), limits=limits, policy=tenants,
-                                          prefilter=Prefilter(rankers, limits=limits_n, unavailable=why),
-                                          separator=separator, ranker=ranker, prior=prior, fused=fused_weights,
-                                          base_adapter=info.adapter, trainer=trainer)
+                                          prefilter=top_n, separator=separator, ranker=ranker, prior=prior,
+                                          fused=fused_weights, base_adapter=info.adapter, trainer=trainer)
     for name in names:  # the model answers validly anyway, but may not know these tools
         registry = service.served(name)
         mismatch = training_mismatch(registry.adapter or info.adapter, registry.artifact)
@@ -399,7 +397,7 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
           file=sys.stderr)
     access = (f"policy {policy}: {len(tenants.tenants)} tenants, API keys required (Authorization: Bearer)"
               if tenants is not None else "no --policy: OPEN to every client that can reach it, on loopback only")
-    print(f"tooltrie serve: {access}; prefilter: {why if rankers is None else 'available'}", file=sys.stderr)
+    print(f"tooltrie serve: {access}; prefilter: {top_n.unavailable or 'available'}", file=sys.stderr)
     uvicorn.run(create_app(service, host=host), host=host, port=port, log_level=log_level)
 
 
@@ -425,16 +423,14 @@ def _serve_through_vllm(*, registries: Sequence[Path], model: str | None, adapte
     tenants = Policy.load(policy) if policy is not None else None
     check_open_binding(host, tenants)
     names = [registry_of(path).name for path in registries]  # a bad registry file is refused before anything else
-    rankers, why = prior_rankers(prior)
-    limits_n = prefilter_limits(prefilter or {}, names)
+    top_n = Prefilter.over(prior, limits=prefilter_limits(prefilter or {}, names))
     tokenizer_source, style, served_adapter = _served_text(model, adapter=adapter)
     limits = limits or ServeLimits()
     remote = VllmServer(url, artifact_dir or default_cache_dir() / "vllm", model=name, timeout_s=limits.timeout_s,
                         concurrency=limits.max_batch * (len(registries) + 1))
     service = DiscoveryService.from_paths(registries, None, TokenizerInfo.load(tokenizer or tokenizer_source),
                                           prompt=Prompt.style(style), limits=limits, separator=separator,
-                                          policy=tenants, prefilter=Prefilter(rankers, limits=limits_n,
-                                                                              unavailable=why),
+                                          policy=tenants, prefilter=top_n,
                                           ranker=ranker, prior=prior, fused=fused, base_adapter=served_adapter,
                                           remote=remote)
     served = ", ".join(f"{summary['name']} ({summary['tools']} tools)" for summary in service.registries())

@@ -5,11 +5,11 @@ the caller sent and call :meth:`DiscoveryService.discover` with it. That one obj
 
 1. ``admit``, the one door: the registry is looked up (among the tenant's, with a policy) and the request checked
    against it (query length, k against the tools). The tools it may be answered with are narrowed here
-   (``access.py``: the tenant's policy, then the request's ``allow``/``deny``; ``prefilter.py``: the top N by
-   retrieval) into ``request.tools``, ids the engine enforces in the mask. The ranker's prior is made here too
-   (``Ranker.row``, in a thread: the query embedded once, for the pre-filter and the prior alike), so the worker's
-   steps never wait for an embedding. Everything that can be refused is refused here, before the request reaches a
-   batch, so a bad request never disturbs the others.
+   (``access.py``: the tenant's policy, then the request's ``allow``/``deny``; ``prefilter.py``: the top N by the
+   query's prior) into ``request.tools``, ids the engine enforces in the mask. The ranker's prior is made here too
+   (``Ranker.row``, in a thread: the query scored once by the registry's ranker, for the pre-filter and the prior
+   alike), so the worker's steps never wait for an embedding. Everything that can be refused is refused here,
+   before the request reaches a batch, so a bad request never disturbs the others.
 2. ``_decode``: the request goes to the worker thread; the caller awaits its delivery, cancelling it when the
    server's timeout passes or the client disconnects (its slot is freed at the next step).
 3. the answer is checked against the caller's policy once more, under the registry version that answered (a reload
@@ -202,7 +202,7 @@ class DiscoveryService:
             self._served[served.name] = self._with_adapter(served)
         self.default_registry = registries[0].name
         self.policy = policy
-        self.prefilter = prefilter or Prefilter(None)
+        self.prefilter = prefilter or Prefilter()  # none given: a request asking for one is refused
         self._views: dict[tuple[str | None, str], ToolView] = {}  # (tenant, registry) -> its tools, per version
         if policy is not None:
             for tenant in policy.tenants.values():
@@ -452,6 +452,9 @@ class DiscoveryService:
         unrankable = self._unrankable(ranker, kind)
         if unrankable is not None:  # the request asks what this server cannot make: it may ask for another prior
             raise InvalidRequestError(f"ranker {unrankable}")
+        unfiltered = None if n is None else self._unrankable("the pre-filter", kind)
+        if unfiltered is not None:  # a request ranked by the model alone: its pre-filter still needs the prior
+            raise InvalidRequestError(f"prefilter={n}: {unfiltered}")
         prior: Prior | None = None
         if n is not None or ranker != "model":  # blocking (an embedding): in a thread, never in the worker's step
             tools, prior = await asyncio.to_thread(self._retrieve, served, self._rankers.get(served.name), query,
@@ -465,17 +468,20 @@ class DiscoveryService:
     def _retrieve(self, served: ServedRegistry, retriever: Ranker | None, query: str, ranker: str, kind: str,
                   n: int | None, within: frozenset[int] | None) -> tuple[frozenset[int] | None, Prior | None]:
         """Retrieval's part of admission: (the ``n`` tools of ``within`` (None: every tool) a pre-filter keeps, or
-        ``within`` itself without one; the request's prior of ``kind``, made by ``retriever``, the registry's ranker).
-        A request ranked by retrieval or fused makes its query's prior scores once: the pre-filter ranks by the
-        scores its prior is made of (the encoder, tool texts and lexical index the pre-filter's own retriever
-        uses)."""
-        prior_from = retriever if ranker != "model" else None
-        scores = None
-        if prior_from is not None and (n is not None or prior_from.weights(ranker).retrieval):
-            scores = prior_from.prior_scores([query], kind)[0]
-        kept = within if n is None else self.prefilter.top(served.artifact.registry, query, n, within=within,
-                                                           scores=scores)
-        return kept, None if prior_from is None else prior_from.row(query, ranker, prior=kind, scores=scores)
+        ``within`` itself without one; the request's prior of ``kind``, None when it ranks by the model alone).
+        ``retriever``, the registry's ranker, makes the query's prior scores once, whatever the request ranks by:
+        the pre-filter keeps the top N by the scores the prior is made of."""
+        if retriever is None:
+            raise UnavailableError(f"registry {served.name!r} has no retrieval ranker")
+        kept, scores = within, None
+        if n is not None or retriever.weights(ranker).retrieval:
+            try:
+                scores = retriever.prior_scores([query], kind)[0]
+            except Exception as exc:  # the encoder or the lexical index failed: the service's fault, not the request's
+                raise UnavailableError(f"the retrieval prior failed: {type(exc).__name__}: {exc}") from exc
+            if n is not None:
+                kept = self.prefilter.top(served.artifact.registry, n, scores=scores, within=within)
+        return kept, None if ranker == "model" else retriever.row(query, ranker, prior=kind, scores=scores)
 
     def _check_answer(self, request: Request, answer: Answer) -> None:
         """The mask already kept the answer inside the allowed tools; this checks it again under the registry

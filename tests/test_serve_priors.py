@@ -31,17 +31,6 @@ QUERIES = ("will it rain in Paris tomorrow", "exchange rate for euros and financ
 WEIGHTS = Weights(model=1.0, retrieval=20.0)
 
 
-class NeverAsked:
-    """A pre-filter retriever that must not be used: the prior's similarities rank instead."""
-
-    def __init__(self) -> None:
-        self.asked: list[str] = []
-
-    def rank_indices(self, query: str, k: int) -> list[int]:
-        self.asked.append(query)
-        return list(range(k))
-
-
 def top(scores: np.ndarray, n: int) -> list[int]:
     """The ``n`` best tool ids by ``scores``, ties to the lower id (the pre-filter's and retrieval's rule)."""
     return [int(i) for i in np.argsort(-scores, kind="stable")[:n]]
@@ -51,21 +40,20 @@ def top(scores: np.ndarray, n: int) -> list[int]:
 def test_priors_are_made_at_admission_once_per_request(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        kind: str) -> None:
     """Each request asks for prior ``kind`` (the server's own is hybrid): its answer is the one decoded with that
-    kind's prior, made by a ranker of the test's own; the retrieval answer (the prior's top k) tells the kinds apart,
-    as their top 2 differ on its query."""
+    kind's prior (the model alone's within the pre-filter's top N by it), made by a ranker of the test's own; the
+    retrieval answer (the prior's top k) tells the kinds apart, as their top 2 differ on its query."""
     encoder = MadeUpEncoder()
     monkeypatch.setattr(service_module, "ranker_for",
                         lambda artifact, source, weights, prior: Ranker(artifact.registry, fused=WEIGHTS, prior=prior,
                                                                         encoder=encoder))
-    retriever = NeverAsked()
     tokenizer = smollm_tokenizer()
     served = ServedRegistry.load(CATALOG_PATH, tokenizer, service_module.Prompt(), cache_dir=tmp_path)
     service = DiscoveryService(tiny_model(), tokenizer, [served], cache_dir=tmp_path, retrieval=True,
-                               prefilter=Prefilter(lambda registry: retriever, limits={"catalog": 47}))
+                               prefilter=Prefilter(limits={"catalog": 47}, unavailable=None))
     assert service.prior == "hybrid"
     asks = [Request(query, k, ranker=ranker, prefilter=prefilter, prior_kind=kind)
-            for query, k, ranker, prefilter in zip(QUERIES, (1, 2, 3, 2), ("fused", "retrieval", "fused", "fused"),
-                                                   (8, 5, None, None), strict=True)]
+            for query, k, ranker, prefilter in zip(QUERIES, (1, 2, 3, 2), ("fused", "retrieval", "fused", "model"),
+                                                   (8, 5, None, 6), strict=True)]
     shapes = [(ask.query, ask.k, ask.ranker, ask.prefilter) for ask in asks]
 
     async def answer_all() -> list[dict[str, object]]:
@@ -85,7 +73,6 @@ def test_priors_are_made_at_admission_once_per_request(tmp_path: Path, monkeypat
         assert "tooltrie-worker" not in {thread for threads in by_query.values() for thread in threads}, by_query
     else:
         assert encoder.encoded == []  # BM25 alone: nothing embedded, not even the tools
-    assert retriever.asked == []  # the pre-filter ranked by the prior's scores
 
     # The answers are those decoded with this kind's prior, made here by a ranker of the test's own (within the
     # pre-filter's top N by the same scores).

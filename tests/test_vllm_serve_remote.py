@@ -36,11 +36,12 @@ from support.serve_http import check_answer, running_server, smollm_tokenizer
 from tooltrie.compiler.contract import Contract
 from tooltrie.eval.datasets import load_split
 from tooltrie.integrations.vllm_rows import request_args
+from tooltrie.ranker import DEFAULT_PRIOR
 from tooltrie.registry import BFCL_PATH, CATALOG_PATH, Registry, load_registry
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.model import load_model, save_model_as_served
 from tooltrie.serve.policy import Policy
-from tooltrie.serve.prefilter import Prefilter, prior_rankers
+from tooltrie.serve.prefilter import Prefilter
 from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.service import DiscoveryService
 from tooltrie.serve.vllm_remote import VllmServer
@@ -160,9 +161,8 @@ def test_same_answers_as_the_engine_then_vllm_down_is_502(served: tuple[object, 
         process = start_vllm(work / "model", port, log, work / "artifacts")
         try:
             wait_up(process, url, work / "vllm.log")
-            rankers, _ = prior_rankers()
             both = dict(prompt=Prompt.style(style), limits=limits, cache_dir=work / "cache", policy=POLICY,
-                        prefilter=Prefilter(rankers), base_adapter=adapter)
+                        prefilter=Prefilter.over(DEFAULT_PRIOR), base_adapter=adapter)
             remote = DiscoveryService.from_paths(
                 [CATALOG_PATH, BFCL_PATH], None, smollm_tokenizer(), **both,
                 remote=VllmServer(url, work / "artifacts", timeout_s=limits.timeout_s))

@@ -24,6 +24,7 @@ import uvicorn
 import yaml
 
 from tooltrie.compiler import TokenizerInfo
+from tooltrie.ranker import DEFAULT_PRIOR
 from tooltrie.registry import CATALOG_PATH, Registry, load_registry
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.policy import Policy
@@ -120,11 +121,12 @@ def serve_command(options: Sequence[str], folder: Path) -> Iterator[ServeProcess
 
 def tiny_service(registries: Sequence[Path], cache_dir: Path, *, limits: ServeLimits | None = None,
                  model: Any = None, prompt: Prompt | None = None, policy: Policy | None = None,
-                 prefilter: Prefilter | None = None) -> DiscoveryService:
-    """A service on the tiny random Llama (SmolLM2's vocabulary; or ``model``) and the bundled SmolLM2 tokenizer."""
+                 prefilter: Prefilter | None = None, prior: str = DEFAULT_PRIOR) -> DiscoveryService:
+    """A service on the tiny random Llama (SmolLM2's vocabulary; or ``model``) and the bundled SmolLM2 tokenizer;
+    ``prior``: its retrieval prior (lexical: BM25 alone, no sentence encoder)."""
     return DiscoveryService.from_paths(registries, model if model is not None else tiny_llama(), smollm_tokenizer(),
                                        limits=limits, cache_dir=cache_dir, prompt=prompt, policy=policy,
-                                       prefilter=prefilter)
+                                       prefilter=prefilter, prior=prior)
 
 
 class Gate:
