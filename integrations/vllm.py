@@ -23,8 +23,10 @@ A request opts in with ``SamplingParams(extra_args=request_args(artifact, k, too
 ``request_args(..., flat=True)``, which vLLM's OpenAI server carries in ``vllm_xargs``). The processor reads artifacts
 only from one directory set where vLLM starts (``$TOOLTRIE_ARTIFACT_ROOT``; default: the compile cache's ``vllm/``)
 and a request names one by its file name there (``request_args`` given a path copies the file in); ``tools``, tool
-ids, is the subset the answer may use, enforced in the mask. Requests without it are left alone, so one ``LLM``
-serves constrained, grammar (``structured_outputs``) and plain requests side by side. Register with
+ids, is the subset the answer may use, enforced in the mask; ``prior`` and ``model_weight`` rank it by the fused
+ranker, and ``follow`` (``Prior.follow``) makes that prior follow the answer as in process. Requests without
+tooltrie's arguments are left alone, so one ``LLM`` serves constrained, grammar (``structured_outputs``) and plain
+requests side by side. Register with
 ``LLM(model, logits_processors=[processor_class()])`` or by name (``"tooltrie.integrations.vllm:TrieVllmProcessorV1"``).
 Importing this module does not import Numba (``vllm_rows``' docstring says why).
 

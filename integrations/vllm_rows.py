@@ -34,6 +34,8 @@ from tooltrie.errors import ArtifactError
 
 if TYPE_CHECKING:
     from tooltrie.kernels.batch import TrieBatch
+    from tooltrie.lexical import LexicalIndex
+    from tooltrie.ranker import FollowUp
 
 EXTRA_ARGS_KEY = "tooltrie"
 # The flat form, for callers that cannot nest: vLLM's OpenAI server passes ``vllm_xargs`` (str, int, float or lists of
@@ -43,8 +45,13 @@ FLAT_K_KEY = "tooltrie_k"
 FLAT_TOOLS_KEY = "tooltrie_tools"
 FLAT_PRIOR_KEY = "tooltrie_prior"  # one float per tool, already weighted (``tooltrie.ranker.Prior.scores``)
 FLAT_WEIGHT_KEY = "tooltrie_model_weight"  # the model's weight beside it (``Prior.model_weight``)
+# How the prior follows the answer (``Prior.follow``, a ``tooltrie.ranker.FollowUp``): the request's text, and its
+# three numbers [lexical_weight, later_weight, covered]; the processor rebuilds the follow-up from them, the prior sent
+# and the lexical index of the artifact's registry.
+FLAT_QUERY_KEY = "tooltrie_query"
+FLAT_FOLLOW_KEY = "tooltrie_follow"
 FLAT_KEYS = {FLAT_ARTIFACT_KEY: "artifact", FLAT_K_KEY: "k", FLAT_TOOLS_KEY: "tools", FLAT_PRIOR_KEY: "prior",
-             FLAT_WEIGHT_KEY: "model_weight"}
+             FLAT_WEIGHT_KEY: "model_weight", FLAT_QUERY_KEY: "query", FLAT_FOLLOW_KEY: "follow"}
 FLAT_PREFIX = "tooltrie_"  # any other key with it is a typo, refused rather than silently unconstrained
 
 # The one directory vLLM's processor reads artifacts from, set where vLLM starts; a request names a file in it.
@@ -68,6 +75,8 @@ class RequestArgs:
     tools: tuple[int, ...] | None = None  # the tools the answer may use (ascending ids); None: all
     prior: tuple[float, ...] | None = None  # the fused ranker's prior, one per tool (weighted); None: no ranker
     model_weight: float = 1.0  # the model's weight beside the prior
+    query: str | None = None  # the request's text, which the prior that follows the answer reads; None: no follow-up
+    follow: tuple[float, float, float] | None = None  # FollowUp's lexical_weight, later_weight, covered; None: none
 
 
 def artifact_root() -> Path:
@@ -81,19 +90,29 @@ def artifact_root() -> Path:
 
 
 def request_args(artifact: str | os.PathLike[str], k: int, *, tools: Collection[int] | None = None,
-                 prior: Sequence[float] | None = None, model_weight: float = 1.0,
-                 flat: bool = False) -> dict[str, Any]:
+                 prior: Sequence[float] | npt.ArrayLike | None = None, model_weight: float = 1.0,
+                 follow: FollowUp | None = None, flat: bool = False) -> dict[str, Any]:
     """``SamplingParams.extra_args`` that ask for an answer of exactly ``k`` tools (of ``tools``, tool ids, if
     given) under an artifact, ranked by the fused ranker when ``prior`` (a float per tool, already weighted) is
-    given, beside the model's scores weighted by ``model_weight``; ``flat``: as top-level keys, the form vLLM's
-    OpenAI server can carry in a request's ``vllm_xargs``. ``artifact`` is a name in the processor's root (a string
-    without a separator), or a file (a path), which is then copied there under its content's name
-    (:func:`publish_artifact`) and named.
+    given, beside the model's scores weighted by ``model_weight``; with ``follow`` too (``Prior.follow``, a
+    ``tooltrie.ranker.FollowUp`` of that prior), the prior follows the answer as in process: its request's text and
+    its three numbers travel (``query``, ``follow``). ``flat``: as top-level keys, the form vLLM's OpenAI server can
+    carry in a request's ``vllm_xargs``. ``artifact`` is a name in the processor's root (a string without a
+    separator), or a file (a path), which is then copied there under its content's name (:func:`publish_artifact`)
+    and named.
 
     >>> request_args("catalog.trie.safetensors", 2)
     {'tooltrie': {'artifact': 'catalog.trie.safetensors', 'k': 2}}
     >>> request_args("catalog.trie.safetensors", 2, tools=[7, 3, 5], flat=True)
     {'tooltrie_artifact': 'catalog.trie.safetensors', 'tooltrie_k': 2, 'tooltrie_tools': [3, 5, 7]}
+    >>> from tooltrie.ranker import Ranker, Weights
+    >>> from tooltrie.registry import make_registry
+    >>> registry = make_registry([{"name": "get_weather"}, {"name": "get_news"}], name="d")
+    >>> made = Ranker(registry, prior="lexical", fused=Weights(0.0, 1.0)).row("weather and news", "fused")
+    >>> flat = request_args("d.trie.safetensors", 2, prior=made.scores, model_weight=made.model_weight,
+    ...                     follow=made.follow, flat=True)
+    >>> flat["tooltrie_query"], flat["tooltrie_follow"]
+    ('weather and news', [1.0, 1.0, 0.25])
     """
     name = artifact if isinstance(artifact, str) and os.sep not in artifact else publish_artifact(artifact)
     args: dict[str, Any] = {"artifact": name, "k": int(k)}
@@ -101,6 +120,12 @@ def request_args(artifact: str | os.PathLike[str], k: int, *, tools: Collection[
         args["tools"] = sorted(int(tool) for tool in tools)
     if prior is not None:
         args["prior"], args["model_weight"] = encode_prior(prior), float(model_weight)
+    if follow is not None:
+        if prior is None:
+            raise ValueError("request_args: 'follow' without 'prior' (the prior that follows the answer starts from "
+                             "the request's prior, follow.first)")
+        args["query"] = str(follow.query)
+        args["follow"] = [float(follow.lexical_weight), float(follow.later_weight), float(follow.covered)]
     if flat:
         return {flat_key: args[key] for flat_key, key in FLAT_KEYS.items() if key in args}
     return {EXTRA_ARGS_KEY: args}
@@ -132,10 +157,10 @@ def _published(path: str, root: str, inode: int, size: int, mtime_ns: int) -> st
 
 
 def parse_request_args(params: Any) -> RequestArgs | None:
-    """The request's tooltrie arguments, nested (``{"tooltrie": {"artifact", "k", "tools"}}``) or flat
-    (``tooltrie_artifact``, ``tooltrie_k``, ``tooltrie_tools``), or None if it did not ask for the constraint;
-    ``ValueError`` (which vLLM turns into a refused request) when they are malformed, name no artifact of the root
-    or do not fit it."""
+    """The request's tooltrie arguments, nested (``{"tooltrie": {"artifact", "k", "tools", ...}}``) or flat
+    (``tooltrie_artifact``, ``tooltrie_k``, ``tooltrie_tools``, ...: ``FLAT_KEYS``), or None if it did not ask for
+    the constraint; ``ValueError`` (which vLLM turns into a refused request) when they are malformed, name no
+    artifact of the root or do not fit it."""
     extra = params.extra_args or {}
     flat_keys = sorted(key for key in extra if isinstance(key, str) and key.startswith(FLAT_PREFIX))
     flat_form = ", ".join(map(repr, FLAT_KEYS))
@@ -145,7 +170,8 @@ def parse_request_args(params: Any) -> RequestArgs | None:
                              f"(got {EXTRA_ARGS_KEY!r} and {', '.join(flat_keys)})")
         where, args = f"extra_args[{EXTRA_ARGS_KEY!r}]", extra[EXTRA_ARGS_KEY]
         form = ("{'artifact': name, 'k': int, 'tools': [int, ...] (optional), 'prior': [float, ...] and "
-                "'model_weight': float (optional)}")
+                "'model_weight': float (optional), 'query': str and 'follow': [float, float, float] (optional, with "
+                "'prior')}")
         if not isinstance(args, dict) or set(args) - set(FLAT_KEYS.values()):
             raise ValueError(f"{where} must be {form}, got {_shown(args)}")
     elif flat_keys:
@@ -154,7 +180,8 @@ def parse_request_args(params: Any) -> RequestArgs | None:
             raise ValueError(f"extra_args: unknown key {unknown[0]!r} (the flat form is {flat_form})")
         where = "extra_args"
         form = (f"{{{FLAT_ARTIFACT_KEY!r}: name, {FLAT_K_KEY!r}: int, {FLAT_TOOLS_KEY!r}: [int, ...] (optional), "
-                f"{FLAT_PRIOR_KEY!r}: [float, ...] and {FLAT_WEIGHT_KEY!r}: float (optional)}}")
+                f"{FLAT_PRIOR_KEY!r}: [float, ...] and {FLAT_WEIGHT_KEY!r}: float (optional), {FLAT_QUERY_KEY!r}: str "
+                f"and {FLAT_FOLLOW_KEY!r}: [float, float, float] (optional, with {FLAT_PRIOR_KEY!r})}}")
         args = {FLAT_KEYS[key]: extra[key] for key in flat_keys}
     else:
         return None
@@ -173,9 +200,10 @@ def parse_request_args(params: Any) -> RequestArgs | None:
             raise ValueError(f"{where}: 'tools' names a tool more than once")
         check_subset(loaded, subset, k, where=f"{where}: tools")
     prior, model_weight = _ranker_args(args, loaded.trie.n_tools, where)
+    query, follow = _follow_args(args, where)
     budgeted = getattr(params, "thinking_token_budget", None) is not None
     return RequestArgs(artifact=artifact, k=k, thinking_budget=budgeted, tools=subset, prior=prior,
-                       model_weight=model_weight)
+                       model_weight=model_weight, query=query, follow=follow)
 
 
 def _number(value: Any) -> bool:
@@ -197,6 +225,45 @@ def _ranker_args(args: dict[str, Any], n_tools: int, where: str) -> tuple[tuple[
     if not _number(weight):
         raise ValueError(f"{where}: 'model_weight' must be a finite number, got {_shown(weight)}")
     return tuple(values.tolist()), float(weight)
+
+
+def _follow_args(args: dict[str, Any], where: str) -> tuple[str | None, tuple[float, float, float] | None]:
+    """How the prior follows the answer: the request's text (``query``) and ``follow``'s three finite numbers
+    (``FollowUp``'s lexical_weight, later_weight, covered), or neither. Each needs the other, and both a prior (the
+    follow-up starts from it); the ranker's own checks (``_ranker_args``) come first."""
+    query, follow = args.get("query"), args.get("follow")
+    if follow is None:
+        if "query" in args:
+            raise ValueError(f"{where}: 'query' without 'follow' (the request's text is read by the prior that "
+                             "follows the answer)")
+        return None, None
+    if args.get("prior") is None:
+        raise ValueError(f"{where}: 'follow' without 'prior' (the prior that follows the answer starts from the "
+                         "request's prior)")
+    if query is None:
+        raise ValueError(f"{where}: 'follow' without 'query' (the prior that follows the answer reads the request's "
+                         "text)")
+    if not isinstance(query, str):
+        raise ValueError(f"{where}: 'query' must be the request's text (a string), got {_shown(query)}")
+    if not (isinstance(follow, list) and len(follow) == 3 and all(map(_number, follow))):
+        raise ValueError(f"{where}: 'follow' must be three finite numbers [lexical_weight, later_weight, covered], "
+                         f"got {_shown(follow)}")
+    lexical_weight, later_weight, covered = (float(value) for value in follow)
+    return query, (lexical_weight, later_weight, covered)
+
+
+def follow_up(args: RequestArgs, artifact: Artifact) -> FollowUp | None:
+    """The request's prior that follows its answer (``tooltrie.ranker.FollowUp``), made as in process from what the
+    request sent (the prior, float32 as sent, its text and three numbers) and the lexical index of ``artifact``'s
+    registry (:meth:`ArtifactNames.lexical`, built as ``Ranker.lexical`` builds it); None when it sent none."""
+    if args.follow is None or args.prior is None or args.query is None:
+        return None
+    from tooltrie.ranker import FollowUp
+
+    lexical_weight, later_weight, covered = args.follow
+    index = ARTIFACTS.lexical(args.artifact, artifact)
+    return FollowUp(np.asarray(args.prior, dtype=np.float32), args.query, index, artifact.registry.tools,
+                    lexical_weight, later_weight, covered)
 
 
 PRIOR_PREFIX = "f32:"  # a prior as text: this, then the base64 of its little-endian float32 values
@@ -233,17 +300,31 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 200 else text[:200] + "..."
 
 
+@dataclass(eq=False)
+class _Loaded:
+    """A loaded artifact of the root: the file's identity (inode, size, mtime) when it was read, its real path, and
+    the lexical index of its registry once a request has asked for it (``ArtifactNames.lexical``)."""
+
+    identity: tuple[int, int, int]
+    artifact: Artifact
+    path: str
+    lexical: LexicalIndex | None = None
+
+
 class ArtifactNames:
     """The artifacts of one root, by name: loaded on first use (the header checked before any array is read),
     the last ``LOADED_ARTIFACTS`` kept, a failed name remembered for ``FAILED_TTL_S``. What is refused never shows
     the file system: a name that is not a plain file name, that is not a file of the root, or that leads out of it
-    (a link) is the same "unknown artifact name"."""
+    (a link) is the same "unknown artifact name". A kept artifact keeps the lexical index of its registry beside it,
+    made on the first request whose prior follows its answer (:meth:`lexical`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._loaded: OrderedDict[tuple[str, str], tuple[tuple[int, int, int], Artifact]] = OrderedDict()
+        self._indexing = threading.Lock()  # one lexical index built at a time, outside ``_lock``
+        self._loaded: OrderedDict[tuple[str, str], _Loaded] = OrderedDict()
         self._failed: OrderedDict[tuple[str, str], tuple[float, str]] = OrderedDict()
         self.loads = 0  # files read, failed or not (tests count them)
+        self.indexed = 0  # lexical indexes made, read from their file or built (tests count them)
 
     def load(self, name: str, *, root: Path | None = None, where: str = "request") -> Artifact:
         root_path = os.path.realpath(artifact_root() if root is None else root)
@@ -257,20 +338,47 @@ class ArtifactNames:
             except ValueError as exc:
                 self._fail(key, str(exc), where)
             kept = self._loaded.get(key)
-            if kept is not None and kept[0] == identity:
+            if kept is not None and kept.identity == identity:
                 self._loaded.move_to_end(key)
-                return kept[1]
+                return kept.artifact
             self.loads += 1
             try:
                 artifact = Artifact.load(path)
             except ArtifactError as exc:  # its message starts with the path: told by name instead
                 reason = str(exc).removeprefix(f"{path}: ")
                 self._fail(key, f"artifact {name!r} cannot be used: {reason}", where)
-            self._loaded[key] = (identity, artifact)
+            self._loaded[key] = _Loaded(identity, artifact, path)
             self._failed.pop(key, None)
             while len(self._loaded) > LOADED_ARTIFACTS:
                 self._loaded.popitem(last=False)
             return artifact
+
+    def lexical(self, name: str, artifact: Artifact, *, root: Path | None = None) -> LexicalIndex:
+        """The lexical index of ``artifact``'s registry (``artifact``: what :meth:`load` gave for ``name``), as the
+        in-process ranker makes it (``Ranker.lexical``: ``LexicalIndex.cached`` with its default settings): read
+        from its file beside the artifact in the root (``ranker.lexical_path``) when that holds this registry's, else
+        built and written there (a root that cannot be written is logged, and the index still answers). Kept with
+        the loaded artifact: made once per artifact loaded, on the first request that asks. An artifact no longer
+        kept under ``name`` (dropped since, or the file replaced) gets its index made again, and not kept."""
+        from tooltrie.lexical import LexicalIndex
+        from tooltrie.ranker import lexical_path
+
+        root_path = os.path.realpath(artifact_root() if root is None else root)
+        key = (root_path, name)
+        with self._lock:
+            kept = self._loaded.get(key)
+        entry = kept if kept is not None and kept.artifact is artifact else None
+        if entry is not None and entry.lexical is not None:
+            return entry.lexical
+        with self._indexing:
+            if entry is not None and entry.lexical is not None:  # made by another thread meanwhile
+                return entry.lexical
+            path = entry.path if entry is not None else os.path.join(root_path, name)
+            index = LexicalIndex.cached(artifact.registry, lexical_path(path))
+            self.indexed += 1
+            if entry is not None:
+                entry.lexical = index
+            return index
 
     @staticmethod
     def _find(root: str, name: str) -> tuple[str, tuple[int, int, int]]:
@@ -358,7 +466,8 @@ class ArtifactRows:
         return row in self.args
 
     def add(self, row: int, args: RequestArgs) -> None:
-        """A request joins in ``row`` (or starts over there: a preempted request recomputed)."""
+        """A request joins in ``row`` (or starts over there: a preempted request recomputed); one whose prior follows
+        its answer gets its ``FollowUp`` (:func:`follow_up`), which the batch calls at each tool boundary."""
         from tooltrie.kernels.batch import TrieBatch
 
         self.remove(row)
@@ -372,7 +481,8 @@ class ArtifactRows:
             batch = self.batches[name] = TrieBatch(artifact, backend=self.backend, capacity=max(16, row + 1))
             self.owners[name] = np.full(len(self.fed) + 1, -1, dtype=np.int32)
             self.idle[name] = None  # until its first row is set (below), as any state without rows
-        batch.add(row, args.k, subset=args.tools, prior=args.prior, model_weight=args.model_weight)
+        batch.add(row, args.k, subset=args.tools, prior=args.prior, model_weight=args.model_weight,
+                  follow=follow_up(args, batch.artifact))
         self._set(row, args, 0, self.next_serial)
         self.next_serial += 1
 

@@ -8,7 +8,8 @@ Each request is one call of vLLM's OpenAI completions route: the prompt's token 
 in-process engine feeds), greedy, at most the answer's budget of tokens, the request arguments in their flat form
 (``request_args(..., flat=True)``: ``vllm_xargs`` carries no nested objects: the artifact's name, k and, for a
 request whose tools admission narrowed (a tenant's policy, allow/deny, the prefilter), their ids; for one ranked by
-``retrieval`` or ``fused``, its prior, made at admission as in process) and the chosen tokens' logprobs. Started
+``retrieval`` or ``fused``, its prior, made at admission as in process, and where that prior follows the answer the
+request's text and how: ``tooltrie_query``, ``tooltrie_follow``) and the chosen tokens' logprobs. Started
 with ``--logprobs-mode processed_logprobs``, vLLM reports them after the processor: log-probabilities under the
 constraint, of the fused values where a prior came (``TrieBatch.fuse_logits_``), what the engine scores with. The
 answer's tokens are then replayed through the trie here (:func:`replay`), which checks that they are k distinct
@@ -306,11 +307,13 @@ class RemoteEngine:
 
 
 def _prior_args(prior: Prior | None) -> dict[str, Any]:
-    """``request_args``' prior for vLLM's processor: the scores, already weighted, and the model's weight (none for
-    the model alone)."""
+    """``request_args``' prior for vLLM's processor: the scores, already weighted, the model's weight, and how the
+    prior follows the answer where it does (``Prior.follow``: the request's text and its three numbers travel); none
+    for the model alone."""
     if prior is None or prior.scores is None:
         return {}
-    return {"prior": prior.scores, "model_weight": prior.model_weight}
+    args = {"prior": prior.scores, "model_weight": prior.model_weight}
+    return args if prior.follow is None else {**args, "follow": prior.follow}
 
 
 def replay(artifact: Artifact, k: int, tokens: Sequence[int], logprobs: Sequence[float], *, width: int,

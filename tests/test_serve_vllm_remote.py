@@ -11,7 +11,8 @@ and the answer so far, masked by ``TrieMatcher``, greedy) that answers as vLLM s
 - the answer's token budget is one definition (``limits.answer_budget``), which the deepest answer fits, on both
   paths: what vLLM may generate, and what the in-process service keeps free of the model's context;
 - allow/deny travel as the allowed tools' ids (``tooltrie_tools``), a retrieval or fused request's prior as its
-  scores (``tooltrie_prior``, ``tooltrie_model_weight``): the same answers and scores as in process; k above the
+  scores (``tooltrie_prior``, ``tooltrie_model_weight``) and how it follows the answer (``tooltrie_query``,
+  ``tooltrie_follow``): the same answers and scores as in process; k above the
   allowed tools is a 422; the artifact is sent by its name in the processor's root (the stand-in reads it as the
   processor does, ``$TOOLTRIE_ARTIFACT_ROOT``).
 
@@ -27,6 +28,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,7 +43,13 @@ from support.serve_http import check_answer, running_server, same_answer, smollm
 from tooltrie.compiler import Artifact
 from tooltrie.compiler.trie import phase_of
 from tooltrie.errors import DecodeError
-from tooltrie.integrations.vllm_rows import RequestArgs, artifact_root, load_artifact, parse_request_args
+from tooltrie.integrations.vllm_rows import (
+    RequestArgs,
+    artifact_root,
+    follow_up,
+    load_artifact,
+    parse_request_args,
+)
 from tooltrie.kernels import TrieMatcher
 from tooltrie.kernels.batch import TrieBatch
 from tooltrie.registry import CATALOG_PATH, load_registry
@@ -67,6 +75,7 @@ class StandIn:
         self.model = tiny_llama()
         self.mode = "reference"
         self.requests: list[dict[str, Any]] = []
+        self.unfollowed: list[bool] = []  # per request whose prior follows the answer: whether, without, it differs
         self.release = threading.Event()
         stand_in = self
 
@@ -141,9 +150,19 @@ class StandIn:
 
     def complete_fused(self, body: dict[str, Any], args: RequestArgs) -> dict[str, Any]:
         """As vLLM with the processor, for a request that carries a prior: its row's fused values
-        (``TrieBatch.fuse_logits_``), greedy."""
-        batch = TrieBatch(load_artifact(args.artifact), capacity=1)
-        batch.add(0, args.k, subset=args.tools, prior=args.prior, model_weight=args.model_weight)
+        (``TrieBatch.fuse_logits_``), greedy, its prior following the answer where the request says how
+        (``vllm_rows.follow_up``, as the processor makes it); the answer it would have been without is noted."""
+        reply = self.fused_answer(body, args)
+        if args.follow is not None:
+            without = self.fused_answer(body, replace(args, query=None, follow=None))
+            self.unfollowed.append(without["choices"][0]["token_ids"] != reply["choices"][0]["token_ids"])
+        return reply
+
+    def fused_answer(self, body: dict[str, Any], args: RequestArgs) -> dict[str, Any]:
+        artifact = load_artifact(args.artifact)
+        batch = TrieBatch(artifact, capacity=1)
+        batch.add(0, args.k, subset=args.tools, prior=args.prior, model_weight=args.model_weight,
+                  follow=follow_up(args, artifact))
         tokens: list[int] = []
         logprobs: list[float] = []
         with torch.inference_mode():
@@ -353,13 +372,21 @@ def test_a_subset_travels_to_vllm_and_answers_as_in_process(tmp_path: Path, narr
         assert sent["tooltrie_tools"] == sorted(sent["tooltrie_tools"])
 
 
+# Requests of several needs, where the prior that follows the answer changes it (``StandIn.unfollowed``).
+SEVERAL_NEEDS = ("what is the weather in Paris and the news about flights there",
+                 "I want to buy a house and need a mortgage calculator and a moving company")
+
+
 @pytest.mark.parametrize("ranker", ["fused", "retrieval"])
 def test_a_ranked_request_sends_its_prior_and_answers_as_in_process(tmp_path: Path, ranker: str) -> None:
-    """The prior is made at admission as in process and travels with the call; vLLM's processor fuses it into the
-    logits its greedy argmax reads, so the tools and their scores are the in-process engine's."""
+    """The prior is made at admission as in process and travels with the call, and so does how it follows the
+    answer (the request's text and ``FollowUp``'s numbers: ``tooltrie_query``, ``tooltrie_follow``); vLLM's
+    processor fuses it into the logits its greedy argmax reads, following the answer, so the tools and their scores
+    are the in-process engine's, and some of them are not what the prior that does not follow would have given."""
     local_service = tiny_service([CATALOG_PATH], tmp_path / "local", limits=ServeLimits(timeout_s=TIMEOUT))
+    asks = [*zip(QUERIES, (1, 2, 3), strict=True), *((query, k) for query in SEVERAL_NEEDS for k in (2, 3))]
     with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path)) as remote, client_of(local_service) as local:
-        for query, k in zip(QUERIES, (1, 2, 3), strict=True):
+        for query, k in asks:
             ask = {"query": query, "k": k, "ranker": ranker, "prior": "lexical"}
             here, there = local.post("/v1/discover", json=ask), remote.post("/v1/discover", json=ask)
             assert here.status_code == there.status_code == 200, there.text
@@ -369,8 +396,11 @@ def test_a_ranked_request_sends_its_prior_and_answers_as_in_process(tmp_path: Pa
             assert sent["tooltrie_prior"].startswith("f32:")  # the float32 scores in base64: 4 bytes a tool
             assert len(base64.b64decode(sent["tooltrie_prior"][4:])) == 4 * 47
             assert sent["tooltrie_model_weight"] == here.json()["ranker"]["model"]
+            assert sent["tooltrie_query"] == query and len(sent["tooltrie_follow"]) == 3
+        assert len(vllm.unfollowed) == len(asks) and any(vllm.unfollowed), vllm.unfollowed
         plain = remote.post("/v1/discover", json={"query": QUERIES[0], "k": 1, "ranker": "model"})
-        assert plain.status_code == 200 and "tooltrie_prior" not in vllm.requests[-1]["vllm_xargs"]
+        sent = vllm.requests[-1]["vllm_xargs"]
+        assert plain.status_code == 200 and not {"tooltrie_prior", "tooltrie_query", "tooltrie_follow"} & set(sent)
 
 
 def test_what_the_processor_cannot_do_is_refused(tmp_path: Path) -> None:

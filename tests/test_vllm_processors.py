@@ -61,6 +61,7 @@ from tooltrie.integrations.vllm import (
 )
 from tooltrie.integrations.vllm_rows import publish_artifact
 from tooltrie.kernels import TrieBatch, TrieMatcher
+from tooltrie.ranker import Prior, Ranker, Weights
 from tooltrie.serve.prompt import Prompt
 
 MAX_REQS, MAX_LEN = 6, 96
@@ -269,6 +270,122 @@ def test_v2_a_request_with_a_prior_gets_the_fused_choice_from_vllms_argmax(catal
                 assert int(torch.argmax(runner.step([slot], torch.zeros((1, runner.vocab)))[0])) == forced
                 runner.commit(slot, forced)
     assert not oracle.is_running(0) and not oracle.is_running(1)
+
+
+FOLLOWED = ("what is the weather in Paris and the news about flights there",
+            "convert dollars to euros, then find a cheap hotel and a restaurant",
+            "I want to buy a house and need a mortgage calculator and a moving company",
+            "search the web for recipes and send the list by email")
+
+
+def following_requests(artifact: Artifact, prior: str) -> list[tuple[Prior, int]]:
+    """Requests of several needs, each with its prior that follows the answer (the made-up encoder's dense part)."""
+    from support.encoders import MadeUpEncoder
+
+    ranker = Ranker(artifact.registry, prior=prior, fused=Weights(model=1.0, retrieval=10.0), encoder=MadeUpEncoder())
+    return [(ranker.row(query, "fused"), 2 + i % 2) for i, query in enumerate(FOLLOWED)]
+
+
+def answers_through_v2(artifact: Artifact, artifact_path: str, requests: list[tuple[Prior, int]], *,
+                       follow: bool) -> list[list[int]]:
+    """The requests in slots 0.. of a V2 runner (and a constrained one without a prior in the last), vLLM's greedy
+    argmax over the processor's logits, each step's token the one the in-process batch (``TrieBatch.add`` with
+    ``follow=Prior.follow`` when ``follow``) chooses from the same logits. Their answers' tools."""
+    torch_rng = torch.Generator().manual_seed(5)
+    runner = V2Runner(artifact)
+    oracle = TrieBatch(artifact, capacity=len(requests) + 1)
+    validate_v2 = build_custom_logits_processors_params_validator([TrieVllmProcessor])
+    for slot, (made, k) in enumerate(requests):
+        assert made.scores is not None and made.follow is not None
+        sampling = SamplingParams(temperature=0.0, extra_args=request_args(
+            artifact_path, k, prior=made.scores, model_weight=made.model_weight,
+            follow=made.follow if follow else None, flat=True))
+        validate_v2(sampling)
+        validate_logits_processors_parameters([TrieVllmProcessorV1], sampling)
+        assert runner.add(slot, sampling, prompt=[7] * (slot + 1))
+        oracle.add(slot, k, prior=made.scores, model_weight=made.model_weight, follow=made.follow if follow else None)
+    plain = len(requests)
+    assert runner.add(plain, params(artifact_path, 2), prompt=[7])
+    oracle.add(plain, 2)
+    for _ in range(200):
+        slots = [slot for slot in range(plain + 1) if oracle.is_running(slot)]
+        if not slots:
+            break
+        logits = torch.randn((len(slots), runner.vocab), generator=torch_rng)
+        choice = oracle.choose(logits.numpy().copy(), slots)
+        after = runner.step(slots, logits)
+        for row, slot in enumerate(slots):
+            token = int(torch.argmax(after[row]))
+            assert token == choice.chosen[row], slot
+            runner.commit(slot, token)
+            for forced in choice.forced[row]:  # the oracle took them; vLLM samples them one by one
+                assert int(torch.argmax(runner.step([slot], torch.zeros((1, runner.vocab)))[0])) == forced
+                runner.commit(slot, forced)
+    assert not any(oracle.is_running(slot) for slot in range(plain + 1))
+    return [oracle.tools(slot) for slot in range(plain)]
+
+
+@pytest.mark.parametrize("prior", ["lexical", "hybrid"])
+def test_v2_a_prior_that_follows_the_answer_answers_as_in_process(catalog_artifact: Artifact, artifact_path: str,
+                                                                 prior: str) -> None:
+    """Requests that send how their prior follows the answer (``tooltrie_query``, ``tooltrie_follow``: vLLM's
+    validators take them) answer as ``TrieBatch.add(follow=Prior.follow)`` does in process, token for token, beside
+    one another and a row without a prior; the same requests without the follow-up answer otherwise (some of them)."""
+    requests = following_requests(catalog_artifact, prior)
+    following = answers_through_v2(catalog_artifact, artifact_path, requests, follow=True)
+    static = answers_through_v2(catalog_artifact, artifact_path, requests, follow=False)
+    assert [len(set(tools)) for tools in following] == [k for _, k in requests]
+    assert following != static
+
+
+def test_v1_a_prior_that_follows_the_answer_answers_as_in_process(catalog_artifact: Artifact,
+                                                                 artifact_path: str) -> None:
+    """The V1 runner's adapter, its rows added and moved by ``BatchUpdate``: each request's answer is the in-process
+    one with its prior following the answer (the prior alone: the answer is the follow-up's greedy top k)."""
+    from support.encoders import MadeUpEncoder
+
+    vocab, eos = catalog_artifact.max_token_id + 1, catalog_artifact.eos_id
+    ranker = Ranker(catalog_artifact.registry, prior="hybrid", fused=Weights(model=0.0, retrieval=1.0),
+                    encoder=MadeUpEncoder())
+    processor = TrieVllmProcessorV1(None, torch.device("cpu"), False)
+    made = [ranker.row(query, "fused") for query in FOLLOWED]
+    outputs: list[list[int]] = [[] for _ in made]
+    added = [(i, SamplingParams(temperature=0.0, extra_args=request_args(
+        artifact_path, 3, prior=m.scores, model_weight=m.model_weight, follow=m.follow)), [1, 2], outputs[i])
+        for i, m in enumerate(made)]
+    processor.update_state(BatchUpdate(batch_size=len(made), removed=[], added=added, moved=[]))
+    order = list(range(len(made)))  # batch index -> request
+    for step in range(200):
+        if step == 3:  # vLLM swaps rows 0 and 2 in its persistent batch
+            processor.update_state(BatchUpdate(batch_size=len(made), removed=[], added=[],
+                                               moved=[(0, 2, MoveDirectionality.SWAP)]))
+            order[0], order[2] = order[2], order[0]
+        else:
+            processor.update_state(None)
+        after = processor.apply(torch.zeros((len(made), vocab)))
+        for index, request in enumerate(order):
+            if outputs[request][-1:] != [eos]:
+                outputs[request].append(int(torch.argmax(after[index])))
+        if all(out[-1:] == [eos] for out in outputs):
+            break
+    moved = 0
+    for m, out in zip(made, outputs, strict=True):
+        replayed = TrieBatch(catalog_artifact, capacity=1)  # the answer's tokens are an answer: its tools
+        replayed.add(0, 3)
+        replayed.accept([out], [0])
+        assert replayed.is_done(0), out
+        assert replayed.tools(0) == prior_alone(catalog_artifact, m, 3, follow=True)
+        moved += replayed.tools(0) != prior_alone(catalog_artifact, m, 3, follow=False)
+    assert moved > 0
+
+
+def prior_alone(artifact: Artifact, made: Prior, k: int, *, follow: bool) -> list[int]:
+    """The in-process answer ranked by ``made``'s prior alone (the model's weight 0), following the answer or not."""
+    batch = TrieBatch(artifact, capacity=1)
+    batch.add(0, k, prior=made.scores, model_weight=0.0, follow=made.follow if follow else None)
+    while batch.is_running(0):
+        batch.choose(np.zeros((1, artifact.max_token_id + 1), np.float32), [0])
+    return batch.tools(0)
 
 
 # --- the V1 model runner -------------------------------------------------------------------------------------------

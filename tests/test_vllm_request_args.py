@@ -1,9 +1,10 @@
 """A request's tooltrie arguments in vLLM's ``SamplingParams.extra_args``, without vLLM: the nested form
 (``{"tooltrie": {"artifact", "k", "tools"}}``) and the flat one (``tooltrie_artifact``, ``tooltrie_k``,
-``tooltrie_tools``, what vLLM's OpenAI server can carry in ``vllm_xargs``) mean the same request; malformed ones are
-refused with an error naming the key. An artifact is a name in the processor's root (``$TOOLTRIE_ARTIFACT_ROOT``, a
-temporary directory in the tests: ``conftest.artifact_root``): a name that is not a file there, or leads out of it,
-is the same "unknown artifact name", which shows nothing of the file system."""
+``tooltrie_tools``, what vLLM's OpenAI server can carry in ``vllm_xargs``) mean the same request, a prior and how it
+follows the answer included (``tooltrie_prior``, ``tooltrie_model_weight``, ``tooltrie_query``, ``tooltrie_follow``);
+malformed ones are refused with an error naming the key. An artifact is a name in the processor's root
+(``$TOOLTRIE_ARTIFACT_ROOT``, a temporary directory in the tests: ``conftest.artifact_root``): a name that is not a
+file there, or leads out of it, is the same "unknown artifact name", which shows nothing of the file system."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ from tooltrie.integrations.vllm_rows import (
     publish_artifact,
     request_args,
 )
+from tooltrie.ranker import Prior, Ranker
+from tooltrie.registry import CATALOG_PATH, load_registry
 
 
 def parse(extra: dict[str, Any] | None, **fields: Any) -> RequestArgs | None:
@@ -114,6 +117,30 @@ BAD_EXTRA_ARGS = [  # (extra_args, the error's words); "{name}" stands for a rea
       "tooltrie_model_weight": float("inf")}, "'model_weight' must be a finite number"),
     ({"tooltrie": {"artifact": "{name}", "k": 1, "prior": [0.0] * 47, "model_weight": "1"}},
      "'model_weight' must be a finite number"),
+    # how the prior follows the answer: the request's text and three finite numbers, with a prior
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_query": "weather", "tooltrie_follow": [1.0, 1.0, 0.25]},
+     "extra_args: 'follow' without 'prior'"),
+    ({"tooltrie": {"artifact": "{name}", "k": 2, "query": "weather", "follow": [1.0, 1.0, 0.25]}},
+     "extra_args['tooltrie']: 'follow' without 'prior'"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_prior": [0.0] * 47, "tooltrie_follow": [1, 1, 0.25]},
+     "extra_args: 'follow' without 'query'"),
+    ({"tooltrie": {"artifact": "{name}", "k": 2, "prior": [0.0] * 47, "follow": [1.0, 1.0, 0.25]}},
+     "extra_args['tooltrie']: 'follow' without 'query'"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_prior": [0.0] * 47, "tooltrie_query": "weather"},
+     "extra_args: 'query' without 'follow'"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_query": "weather"}, "'query' without 'follow'"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_prior": [0.0] * 47, "tooltrie_query": ["weather"],
+      "tooltrie_follow": [1.0, 1.0, 0.25]}, "extra_args: 'query' must be the request's text (a string)"),
+    ({"tooltrie": {"artifact": "{name}", "k": 2, "prior": [0.0] * 47, "query": 3, "follow": [1.0, 1.0, 0.25]}},
+     "extra_args['tooltrie']: 'query' must be the request's text"),
+    *[({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_prior": [0.0] * 47, "tooltrie_query": "weather",
+        "tooltrie_follow": follow}, "extra_args: 'follow' must be three finite numbers")
+      for follow in ([1.0, 1.0], [1.0, 1.0, 0.25, 1.0], [1.0, float("nan"), 0.25], [1.0, 1.0, float("inf")],
+                     [1.0, "1", 0.25], [True, 1.0, 0.25], 0.25, "1,1,0.25", [])],
+    ({"tooltrie": {"artifact": "{name}", "k": 2, "prior": [0.0] * 47, "query": "weather",
+                   "follow": {"covered": 0.25}}}, "extra_args['tooltrie']: 'follow' must be three finite numbers"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_prior": [0.0] * 47, "tooltrie_query": "weather",
+      "tooltrie_follows": [1.0, 1.0, 0.25]}, "unknown key 'tooltrie_follows'"),
 ]
 
 
@@ -128,6 +155,37 @@ def test_a_prior_travels_flat_or_nested_with_its_weight(name: str) -> None:
                    "tooltrie_model_weight": 0.25}):
         assert parse(extra) == expected
     assert parse(request_args(name, 2)) == RequestArgs(artifact=name, k=2)  # no prior: no ranker
+
+
+def lexical_prior(query: str, prior: str = "lexical") -> Prior:
+    from support.encoders import MadeUpEncoder
+
+    return Ranker(load_registry(CATALOG_PATH), prior=prior, encoder=MadeUpEncoder()).row(query, "fused")
+
+
+@pytest.mark.parametrize("prior", ["lexical", "hybrid"])
+def test_how_the_prior_follows_the_answer_travels_flat_or_nested(name: str, prior: str) -> None:
+    """``request_args(follow=Prior.follow)`` sends the request's text and the follow-up's three numbers, each exactly:
+    the processor rebuilds the same follow-up from them (``follow_up``, ``test_vllm_rows_artifacts.py``)."""
+    made = lexical_prior("the weather in Paris and the news about flights", prior)
+    follow = made.follow
+    assert follow is not None and made.scores is not None
+    flat = request_args(name, 2, prior=made.scores, model_weight=made.model_weight, follow=follow, flat=True)
+    assert flat["tooltrie_query"] == follow.query
+    assert flat["tooltrie_follow"] == [follow.lexical_weight, follow.later_weight, follow.covered]
+    expected = RequestArgs(artifact=name, k=2, prior=tuple(made.scores.tolist()), model_weight=made.model_weight,
+                           query=follow.query, follow=(follow.lexical_weight, follow.later_weight, follow.covered))
+    nested = request_args(name, 2, prior=made.scores, model_weight=made.model_weight, follow=follow)
+    assert nested["tooltrie"]["query"] == follow.query and nested["tooltrie"]["follow"] == flat["tooltrie_follow"]
+    assert parse(flat) == parse(nested) == parse(json.loads(json.dumps(flat))) == expected  # as JSON carries it
+    assert parse({**flat, "tooltrie_follow": [1, 2, 0]}) == RequestArgs(  # ints are numbers too
+        artifact=name, k=2, prior=expected.prior, model_weight=made.model_weight, query=follow.query,
+        follow=(1.0, 2.0, 0.0))
+    without = request_args(name, 2, prior=made.scores, model_weight=made.model_weight, flat=True)
+    assert "tooltrie_query" not in without and "tooltrie_follow" not in without
+    assert parse(without) == RequestArgs(artifact=name, k=2, prior=expected.prior, model_weight=made.model_weight)
+    with pytest.raises(ValueError, match=r"request_args: 'follow' without 'prior'"):
+        request_args(name, 2, follow=follow)
 
 
 def fill(value: Any, name: str) -> Any:

@@ -1,18 +1,32 @@
 """vLLM's rows on tooltrie's batch state (``integrations/vllm_rows.ArtifactRows``), without vLLM: the artifact states
 a long-running vLLM holds stay bounded however many artifact names it is asked for, a step visits only the artifacts
-that have rows, and a request's subset (``tools``) is its row's mask, as in process."""
+that have rows, a request's subset (``tools``) is its row's mask, and a prior that follows the answer
+(``tooltrie_follow``) answers as in process."""
 
 from __future__ import annotations
 
+import json
 import random
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 from tooltrie.compiler import Artifact
 from tooltrie.integrations import vllm_rows
-from tooltrie.integrations.vllm_rows import IDLE_ARTIFACT_STATES, ArtifactRows, RequestArgs
+from tooltrie.integrations.vllm_rows import (
+    IDLE_ARTIFACT_STATES,
+    ArtifactRows,
+    RequestArgs,
+    parse_request_args,
+    publish_artifact,
+    request_args,
+)
 from tooltrie.kernels import TrieMatcher
+from tooltrie.kernels.batch import TrieBatch
 
 
 def legal(artifact: Artifact, k: int, tokens: list[int], subset: tuple[int, ...] | None = None) -> list[int]:
@@ -90,10 +104,6 @@ def test_ranked_rows_get_the_same_fused_values_in_the_buffer_as_in_place(catalog
     """A step whose rows are all constrained writes into the buffer of legal logits (``LegalLogits``), one with many
     plain rows masks in place: a ranked row's fused values are the same either way, and greedy over them answers as
     ``choose`` with the prior does."""
-    import numpy as np
-
-    from tooltrie.kernels.batch import TrieBatch
-
     monkeypatch.setattr(vllm_rows, "load_artifact", lambda name, **_: catalog_artifact)
     n_tools, vocab, eos = catalog_artifact.trie.n_tools, catalog_artifact.max_token_id + 1, catalog_artifact.eos_id
     prior = (np.random.default_rng(7).integers(-4, 5, n_tools) / 2).tolist()  # ties between tools
@@ -123,3 +133,129 @@ def test_ranked_rows_get_the_same_fused_values_in_the_buffer_as_in_place(catalog
         outputs[0].append(expected)
         if outputs[1][-1:] != [eos]:
             outputs[1].append(int(torch.argmax(a[1])))
+
+
+# --- the prior that follows the answer ------------------------------------------------------------------------------
+
+FOLLOWED = ("what is the weather in Paris and the news about flights there",
+            "convert dollars to euros, then find a cheap hotel and a restaurant",
+            "I want to buy a house and need a mortgage calculator and a moving company")
+
+
+def through_rows(rows: ArtifactRows, args: RequestArgs, artifact: Artifact, *, plain: int, seed: int,
+                 oracle: TrieBatch) -> list[int]:
+    """``args``' request in row 0 of ``rows`` beside ``plain`` rows that are not ours (many: the step masks in place;
+    none: it fills the buffer of legal logits), vLLM's greedy argmax taking each token; at every step the token is the
+    one ``oracle`` (row 0, the in-process batch) chooses from the same logits, its forced runs a token a step. The
+    answer's tools."""
+    vocab, eos = artifact.max_token_id + 1, artifact.eos_id
+    rows.add(0, args)
+    generator = torch.Generator().manual_seed(seed)
+    outputs: list[int] = []
+    forced: list[int] = []
+    while outputs[-1:] != [eos]:
+        logits = torch.randn(1 + plain, vocab, generator=generator)
+        masked = rows.apply(logits.clone(), [0] + [-1] * plain, rows.unfed([outputs]) + [[]] * plain)
+        if forced:
+            expected = forced.pop(0)
+        else:
+            choice = oracle.choose(logits[:1].numpy().copy(), [0])
+            expected, forced = int(choice.chosen[0]), list(choice.forced[0])
+        assert int(torch.argmax(masked[0])) == expected
+        outputs.append(expected)
+    rows.apply(torch.zeros(1, vocab), [0], rows.unfed([outputs]))  # the stop token
+    batch = rows.batches[args.artifact]
+    assert batch.is_done(0) and oracle.is_done(0)
+    return batch.tools(0)
+
+
+@pytest.mark.parametrize("prior", ["lexical", "hybrid"])
+def test_a_prior_that_follows_the_answer_answers_as_in_process(saved_catalog_artifact: Path, prior: str) -> None:
+    """A request that sends its prior and how it follows the answer (``request_args(follow=Prior.follow)``, parsed as
+    vLLM hands it over) gets the in-process answer, token for token: ``TrieBatch.add(follow=Prior.follow)`` on the
+    same logits, with the model's weight and with the prior alone; and the follow-up does change answers (without
+    it, some differ)."""
+    from support.encoders import MadeUpEncoder
+
+    from tooltrie.ranker import Ranker, Weights
+
+    name = publish_artifact(saved_catalog_artifact)
+    artifact = vllm_rows.load_artifact(name)
+    moved = 0
+    for weights in (Weights(model=1.0, retrieval=10.0), Weights(model=0.0, retrieval=1.0)):
+        ranker = Ranker(artifact.registry, prior=prior, fused=weights, encoder=MadeUpEncoder())
+        for i, query in enumerate(FOLLOWED):
+            made = ranker.row(query, "fused")
+            assert made.follow is not None and made.scores is not None
+            for k in (2, 3):
+                sent = request_args(name, k, prior=made.scores, model_weight=made.model_weight, follow=made.follow,
+                                    flat=True)
+                args = parse_request_args(SimpleNamespace(extra_args=json.loads(json.dumps(sent))))
+                assert args is not None and args.follow is not None
+                answers = []
+                for follow in (made.follow, None):
+                    oracle = TrieBatch(artifact, capacity=1)
+                    oracle.add(0, k, prior=made.scores, model_weight=made.model_weight, follow=follow)
+                    sending = args if follow is not None else replace(args, query=None, follow=None)
+                    answers.append(through_rows(ArtifactRows("cpu"), sending, artifact, plain=40 * (i % 2),
+                                                seed=k + i, oracle=oracle))
+                moved += answers[0] != answers[1]
+    assert moved > 0  # the follow-up changed some answers: without it they are not the same
+
+
+def test_the_lexical_index_is_the_in_process_one_made_once_per_artifact(saved_catalog_artifact: Path,
+                                                                        artifact_root: Path) -> None:
+    """The processor's lexical index of an artifact's registry reads each request's words and scores them exactly as
+    the in-process ranker's (``Ranker.lexical``, built from the registry with the same defaults); it is made on the
+    first request that asks, once, and kept with the loaded artifact; a follow-up made from it is the in-process
+    one, value for value."""
+    from tooltrie.ranker import Ranker
+
+    names = vllm_rows.ArtifactNames()
+    name = publish_artifact(saved_catalog_artifact)
+    artifact = names.load(name)
+    assert names.indexed == 0  # loading alone builds nothing
+    index = names.lexical(name, artifact)
+    assert names.lexical(name, names.load(name)) is index and names.indexed == 1
+    assert (artifact_root / name.replace(".safetensors", ".lexical.safetensors")).is_file()  # beside it, in the root
+    ranker = Ranker(artifact.registry, prior="lexical")
+    for query in (*FOLLOWED, "", "the of and", "WeatherTool getNews currency_convert"):
+        assert index.words(query) == ranker.lexical.words(query)
+        np.testing.assert_array_equal(index.scores(query), ranker.lexical.scores(query))
+    fresh = vllm_rows.ArtifactNames()  # another process: the index read from its file is the same
+    again = fresh.lexical(name, fresh.load(name))
+    for query in FOLLOWED:
+        np.testing.assert_array_equal(again.scores(query), index.scores(query))
+    made = ranker.row(FOLLOWED[0], "fused")
+    assert made.follow is not None and made.scores is not None
+    sent = request_args(name, 3, prior=made.scores, model_weight=made.model_weight, follow=made.follow)
+    args = parse_request_args(SimpleNamespace(extra_args=sent))
+    assert args is not None
+    follow = vllm_rows.follow_up(args, vllm_rows.load_artifact(name))
+    assert follow is not None and follow.first.dtype == np.float32
+    np.testing.assert_array_equal(follow.first, made.scores)  # the prior sent, to the bit
+    for tools in ((), (32,), (32, 2), (5, 40)):
+        np.testing.assert_array_equal(follow(tools), made.follow(tools))
+    assert vllm_rows.follow_up(replace(args, query=None, follow=None), artifact) is None
+
+
+def test_a_root_that_cannot_be_written_still_follows(saved_catalog_artifact: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """The index's file cannot be written beside the artifact (a read-only root; here, as the tests may run as root,
+    a directory where the file would go): logged, and the index answers all the same."""
+    root = tmp_path / "read-only"
+    root.mkdir()
+    name = publish_artifact(saved_catalog_artifact, root=root)
+    (root / name.replace(".safetensors", ".lexical.safetensors")).mkdir()
+    root.chmod(0o555)
+    monkeypatch.setenv(vllm_rows.ROOT_ENV, str(root))
+    try:
+        names = vllm_rows.ArtifactNames()
+        artifact = names.load(name)
+        with caplog.at_level("WARNING"):
+            index = names.lexical(name, artifact)
+        assert "lexical index was not cached" in caplog.text
+        assert index.words(FOLLOWED[0]) and names.lexical(name, artifact) is index and names.indexed == 1
+    finally:
+        root.chmod(0o755)
