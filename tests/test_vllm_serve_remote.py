@@ -5,8 +5,9 @@ tooltrie's processor, the default model as served (its adapter merged, float32).
 - the same greedy answers as the in-process engine on the same model, as the same JSON (tools, pointers, scores
   from vLLM's processed logprobs, token counts), on held-out catalog queries at k = 1, 2, 3, over the whole registry,
   over subsets (allow, deny: the allowed tools' ids in ``tooltrie_tools``), and ranked by the default (hybrid)
-  prior, alone or fused, with and without the pre-filter (the prior made here and sent in ``tooltrie_prior``), for
-  a tenant whose policy narrows the catalog, and with the pre-filter on BFCL;
+  prior, alone or fused, with and without the pre-filter (the prior made here and sent in ``tooltrie_prior``, and how
+  it follows the answer in ``tooltrie_query`` and ``tooltrie_follow``), for a tenant whose policy narrows the
+  catalog, and with the pre-filter on BFCL;
 - vLLM's own completions route: k tools asked for in ``vllm_xargs`` come back as k distinct registry tools (of the
   subset, when one is given); a bad argument is a 400 naming it: a path or an unknown name for the artifact (which
   vLLM reads only from its ``$TOOLTRIE_ARTIFACT_ROOT``), a tool outside the registry, k above the subset;
@@ -185,6 +186,10 @@ def test_same_answers_as_the_engine_then_vllm_down_is_502(served: tuple[object, 
                     for field in ("prompt_tokens", "completion_tokens", "decision_points"):
                         assert a["usage"][field] == b["usage"][field], (field, a, b)
                 assert client.get(there.url + "/healthz").status_code == 200
+                # the ranked requests' priors followed their answers there: the processor made the lexical index of
+                # each registry beside its artifact, in its root (vllm_rows.ArtifactNames.lexical)
+                for label in ("catalog", "bfcl"):
+                    assert next((work / "artifacts").glob(f"{label}-*.trie.lexical.safetensors"), None), label
                 check_completions_route(client, url, next((work / "artifacts").glob("catalog-*.trie.safetensors")),
                                         catalog)
                 stop(process)
