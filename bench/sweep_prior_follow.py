@@ -34,16 +34,6 @@ GRID = [OFF, *(s for s in itertools.product(COVERED, LATER) if s != OFF)]
 SPLITS = ("validation", "test")
 
 
-def greedy(follow: FollowUp, k: int) -> list[int]:
-    """Each tool the best unused one by the prior made from the tools chosen before it (ties to the lower id)."""
-    chosen: list[int] = []
-    for _ in range(k):
-        prior = np.array(follow(tuple(chosen)), np.float64)
-        prior[chosen] = -np.inf
-        chosen.append(int(np.argmax(prior)))
-    return chosen
-
-
 class Answers:
     """One registry's k >= 2 requests and their answers under each setting, computed once."""
 
@@ -69,7 +59,7 @@ class Answers:
             for i, query in self.queries[split]:
                 follow = FollowUp(self.first[split][i].astype(np.float32), query.query, self.index,
                                   self.data.registry.tools, HYBRID["lexical"], later, covered)
-                rates = answer_rates([names[t] for t in greedy(follow, query.k)], query.tools)
+                rates = answer_rates([names[t] for t in follow.top(query.k)], query.tools)
                 exact.append(rates["exact"])
                 recall.append(rates["recall"])
             self._rates[key] = {"exact": np.array(exact, float), "recall": np.array(recall, float)}

@@ -3,8 +3,9 @@
 - the follow-up against a brute force: each request word's BM25 part on its own (bm25s's scores of that word
   alone), counted ``covered`` times where a chosen tool's name holds the word, z-scored, beside the parts that do
   not follow;
-- the decode ranked by a following prior alone (the model's weight 0) answers, on every backend, the greedy top k:
-  each tool the best by the prior made from the tools before it; and that answer is not always the static top k;
+- the decode ranked by a following prior alone (the model's weight 0) answers, on every backend, its greedy top k
+  (``FollowUp.top``): each tool the best by the prior made from the tools before it; and that answer is not always
+  the static top k;
 - the first tool's prior is the request's own; bad input (a request of stop words, one-word names, no
   descriptions, k beyond what the request names) gives finite priors and k distinct tools; a follow-up that fails
   fails its own row only.
@@ -80,16 +81,6 @@ def test_words_counted_fully_at_the_same_weight_leave_the_prior_as_it_was() -> N
     assert not np.allclose(made.follow((3, 7)), made.scores, atol=1e-3)  # the shipped constants do move it
 
 
-def greedy(follow: FollowUp, k: int) -> list[int]:
-    """Brute force: each tool the best unused one by the prior made from the tools chosen before it."""
-    chosen: list[int] = []
-    for _ in range(k):
-        prior = np.array(follow(tuple(chosen)), np.float64)
-        prior[chosen] = -np.inf
-        chosen.append(int(np.argmax(prior)))
-    return chosen
-
-
 def decode(artifact: Artifact, backend: str, k: int, prior: np.ndarray, follow: FollowUp | None) -> list[int]:
     batch = TrieBatch(artifact, backend=backend, capacity=1)
     batch.add(0, k, prior=prior, model_weight=0.0, follow=follow)
@@ -113,7 +104,7 @@ def test_the_decode_ranked_by_a_following_prior_alone_answers_its_greedy_top_k(a
             assert made.follow is not None and made.scores is not None
             for k in (2, 3):
                 got = decode(artifact, backend, k, made.scores, made.follow)
-                assert got == greedy(made.follow, k), (name, query, k)
+                assert got == made.follow.top(k), (name, query, k)
                 static = [int(t) for t in np.argsort(-made.scores, kind="stable")[:k]]
                 assert decode(artifact, backend, k, made.scores, None) == static, (name, query, k)
                 moved += got != static
@@ -159,4 +150,4 @@ def test_a_follow_up_that_fails_fails_its_own_row_only(artifacts: dict[str, Arti
             break
         batch.choose(logits)
     assert [batch.status(row) for row in range(3)] == [ERROR, DONE, ERROR]
-    assert made.follow is not None and batch.tools(1) == greedy(made.follow, 2)
+    assert made.follow is not None and batch.tools(1) == made.follow.top(2)

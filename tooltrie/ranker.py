@@ -145,6 +145,19 @@ class FollowUp:
         prior: npt.NDArray[np.float32] = (self._rest + later).astype(np.float32)
         return prior
 
+    def top(self, k: int) -> list[int]:
+        """The answer of k tools by this prior alone: each the best unused tool by the prior made from those before
+        it (what the decode answers with the model's weight at 0; ties here to the lower tool id, there to the lower
+        token id)."""
+        import numpy as np
+
+        chosen: list[int] = []
+        for _ in range(k):
+            prior = np.array(self(tuple(chosen)), np.float64)
+            prior[chosen] = -np.inf
+            chosen.append(int(np.argmax(prior)))
+        return chosen
+
 
 @dataclass(frozen=True, eq=False)  # compared by identity: it holds an array
 class Prior:
