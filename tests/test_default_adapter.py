@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,10 +65,17 @@ def test_the_fused_weights_are_the_adapters_own_on_its_registry_and_retrieval_le
     other = compile_registry(make_registry([{"name": "get_weather"}, {"name": "send_mail"}], name="elsewhere"),
                              tokenizer)
     assert fused_weights(info.adapter, other) == UNTRAINED
-    # --ranker auto: the model alone where it was trained; elsewhere fused, given the retrieval model
+    # --ranker auto: where it was trained, what its record's measurement chose (fused, chosen on plain and
+    # need-describing validation requests together); elsewhere fused; the model alone without the retrieval model
+    measured = info.adapter.record["ranker"]
+    assert measured["auto"] == "fused" and "catalog-needs" in measured["chosen_on"]
     catalog = compile_registry(load_registry(CATALOG_PATH), tokenizer)
     assert [auto_ranker(info.adapter, a, retrieval=r) for a in (catalog, other) for r in (True, False)] == [
-        "model", "model", "fused", "model"]
+        "fused", "model", "fused", "model"]
+    # the record's choice is what decides: the same adapter recording the model alone answers alone on the catalog
+    alone = replace(info.adapter, record={**info.adapter.record, "ranker": {**measured, "auto": "model"}})
+    assert auto_ranker(alone, catalog, retrieval=True) == "model"
+    assert auto_ranker(alone, other, retrieval=True) == "fused"
 
 
 def test_the_default_reproduces_its_held_out_answers(default: tuple[Any, Any]) -> None:

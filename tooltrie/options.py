@@ -41,9 +41,9 @@ def add_ranker_options(command: argparse.ArgumentParser, *, what: str = "the", d
     """``--ranker``, ``--prior`` and ``--fused-weights`` (names kept in step with ``tooltrie/ranker.py``)."""
     from tooltrie.ranker import DEFAULT_PRIOR, NO_ADAPTER, PRIORS, RANKERS, UNTRAINED
 
-    auto = ("auto: the model alone on the registry its adapter was trained on, else fused where the prior can be "
-            "made: lexical always, dense and hybrid where all-MiniLM-L6-v2 is installed; a model without an adapter: "
-            "the prior alone")
+    auto = ("auto: on the registry its adapter was trained on, what the adapter's record chose (the shipped "
+            "adapter's: fused), elsewhere fused; fused only where the prior can be made (lexical always, dense and "
+            "hybrid where all-MiniLM-L6-v2 is installed), else the model; a model without an adapter: the prior alone")
     command.add_argument("--ranker", choices=("auto", *RANKERS), default=default,
                          help=f"what {what} answers rank by: the model, retrieval (the prior alone), both fused "
                               f"inside the decode, or {auto} (default: {default})")
