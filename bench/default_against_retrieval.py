@@ -1,0 +1,113 @@
+"""The default answer against the retrieval a user would pick, on the five development registries' test splits:
+the answers of ``tooltrie eval`` runs (the arm ``--ranker auto`` resolves to for the shipped adapter: fused where it
+never saw the tools, the model alone on the catalog) paired, request by request, with dense retrieval, today's
+lexical and hybrid priors, a plain BM25 over name + description (bm25s's defaults) and that BM25 and the dense
+scores z-scored and summed 1:1 (no model; ``sweep_prior_loro.py``'s arms). Exact set and recall@k, k = 1 and k >= 2
+apart, 95 % bootstrap intervals. Prints tables and writes JSON.
+
+    .venv/bin/python bench/default_against_retrieval.py \\
+        --default bfcl=build/eval/bfcl:fused --default catalog=DIR_SINGLE:engine,DIR_MULTI:engine ... \\
+        -o bench/results/default-against-retrieval.json
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _common import print_table, write_results
+from sweep_prior_loro import CACHE, GROUPS, REGISTRIES, Registryset, fuse, paired, per_query_rates
+
+from tooltrie.eval.compare import ArmAnswers
+from tooltrie.eval.datasets import registry_path
+from tooltrie.eval.scoring import answer_rates
+from tooltrie.lexical import LexicalIndex
+from tooltrie.ranker import HYBRID, Ranker, embeddings_path, standardized
+from tooltrie.registry import load_registry
+
+BASELINES = ("dense", "lexical", "hybrid", "plain BM25", "plain BM25 + dense")
+
+
+def baseline_scores(data: Registryset, arm: str) -> np.ndarray:
+    dense = data.dense["test"]
+    if arm == "dense":
+        return dense
+    if arm == "plain BM25":
+        return data.plain_bm25("test")
+    if arm == "plain BM25 + dense":
+        return standardized(dense) + standardized(data.plain_bm25("test"))
+    index = LexicalIndex.build(data.registry)
+    lexical = np.array([index.scores(q.query) for q in data.queries["test"]], np.float32)
+    return lexical if arm == "lexical" else fuse(dense, lexical, "z", HYBRID["lexical"])
+
+
+def default_rates(data: Registryset, specs: list[str]) -> dict[str, np.ndarray]:
+    """The default's exact set and recall@k per test request, read from eval runs over the same requests."""
+    answered: dict[tuple[str, tuple[str, ...], int], tuple[str, ...]] = {}
+    for spec in specs:
+        arm = ArmAnswers.load(spec)
+        answered.update(zip(arm.keys, arm.predicted, strict=True))
+    exact, recall, seen = [], [], {}
+    for query in data.queries["test"]:
+        pair = (query.query, tuple(query.tools))
+        seen[pair] = seen.get(pair, 0) + 1
+        rates = answer_rates(list(answered[(*pair, seen[pair])]), query.tools)
+        exact.append(rates["exact"])
+        recall.append(rates["recall"])
+    return {"exact": np.array(exact, float), "recall": np.array(recall, float)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--default", action="append", required=True, metavar="REGISTRY=RESULTS:ARM[,RESULTS:ARM]",
+                        help="the default's answers for a registry's test split (repeat per registry)")
+    parser.add_argument("-o", "--output", default=None,
+                        help="JSON file (default bench/results/default-against-retrieval.json)")
+    args = parser.parse_args(argv)
+    defaults = {name: specs.split(",") for name, _, specs in (d.partition("=") for d in args.default)}
+    unknown = sorted(set(defaults) - set(REGISTRIES))
+    if unknown:
+        parser.error(f"unknown registries {unknown}; choose from {sorted(REGISTRIES)}")
+
+    results: dict[str, Any] = {}
+    rows, pair_rows = [], []
+    for name, specs in defaults.items():
+        registry = load_registry(registry_path(REGISTRIES[name][0]))
+        data = Registryset(name, Ranker(registry, embeddings_path=embeddings_path(
+            CACHE / f"{registry.sha256[:32]}.safetensors")))
+        queries, names = data.queries["test"], registry.names
+        per_arm = {arm: per_query_rates(baseline_scores(data, arm), queries, names) for arm in BASELINES}
+        per_arm["default"] = default_rates(data, specs)
+        ks = np.array([q.k for q in queries])
+        results[name] = {"default": specs, "arms": {}, "paired": {}}
+        best = max(BASELINES, key=lambda arm: (per_arm[arm]["exact"].mean(), per_arm[arm]["recall"].mean()))
+        for group, keep in GROUPS.items():
+            mask = np.array([keep(k) for k in ks])
+            if not mask.any():
+                continue
+            row: dict[str, Any] = {"registry": name, "k": group, "n": int(mask.sum())}
+            for arm, rates in per_arm.items():
+                results[name]["arms"].setdefault(arm, {})[group] = {r: float(rates[r][mask].mean())
+                                                                    for r in ("exact", "recall")}
+                row[arm] = f"{100 * rates['exact'][mask].mean():.1f} / {100 * rates['recall'][mask].mean():.1f}"
+            rows.append(row)
+            for other in (best, "plain BM25 + dense"):
+                cell = paired(per_arm["default"]["exact"][mask], per_arm[other]["exact"][mask],
+                              (list(REGISTRIES).index(name), list(GROUPS).index(group), BASELINES.index(other)))
+                results[name]["paired"].setdefault(f"default - {other}", {})[group] = cell
+                pair_rows.append({"registry": name, "k": group, "pair": f"default - {other}",
+                                  "exact diff": f"{100 * cell['difference']:+.1f}",
+                                  "95 % interval": f"{100 * cell['low']:+.1f} to {100 * cell['high']:+.1f}",
+                                  "better/worse": f"{cell['better']}/{cell['worse']}"})
+    print_table(rows, title="test splits: exact set / recall@k (%)")
+    print_table(pair_rows, title="paired: the default against the best retrieval arm and the plain 1:1 sum")
+    path = write_results("default-against-retrieval", settings={"registries": REGISTRIES, "baselines": BASELINES},
+                         results=results, out=args.output)
+    print(f"wrote {Path(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
