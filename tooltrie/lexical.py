@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import math
 import re
 import unicodedata
@@ -31,7 +30,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from tooltrie.errors import ArtifactError
 from tooltrie.registry.model import Registry, Tool
 
 if TYPE_CHECKING:
@@ -278,7 +276,7 @@ class LexicalIndex:
     @classmethod
     def cached(cls, registry: Registry, path: str | Path | None) -> LexicalIndex:
         """The index of ``registry``: read from ``path`` when it holds this registry version's, else built (and
-        written there: a cache, so a write that fails is logged and the index still answers)."""
+        written there: a cache, so a write that fails is logged and the index still answers; ``tooltrie/kept.py``)."""
         if path is None:
             return cls.build(registry)
         path = Path(path)
@@ -286,45 +284,32 @@ class LexicalIndex:
         if kept is not None:
             return kept
         index = cls.build(registry)
-        try:
-            index._write(path, registry.sha256)
-        except ArtifactError as exc:
-            logging.getLogger(__name__).warning("the tools' lexical index was not cached: %s", exc)
+        index._write(path, registry.sha256)
         return index
 
     def _write(self, path: Path, registry_sha256: str) -> None:
-        from safetensors.numpy import save
-
-        from tooltrie.compiler.artifact import write_atomically
+        from tooltrie.kept import keep
 
         bm25 = self._bm25
-        arrays = {name: np.ascontiguousarray(bm25.scores[name]) for name in ("data", "indices", "indptr")} if (
+        arrays = {name: bm25.scores[name] for name in ("data", "indices", "indptr")} if (
             bm25.vocab_dict) else {"data": np.zeros(0, dtype=np.float32)}
-        write_atomically(path, save(arrays, metadata={
-            "registry_sha256": registry_sha256, "version": VERSION, "tools": str(self.n_tools),
-            "parameters": json.dumps(self.settings), "vocabulary": json.dumps(bm25.vocab_dict)}))
+        keep(path, arrays, {"registry_sha256": registry_sha256, "version": VERSION, "tools": str(self.n_tools),
+                            "parameters": json.dumps(self.settings), "vocabulary": json.dumps(bm25.vocab_dict)},
+             what="lexical index")
 
     @classmethod
     def _read(cls, path: Path, registry: Registry) -> LexicalIndex | None:
-        if not path.is_file():
-            return None
-        from safetensors import safe_open
+        from tooltrie.kept import read_kept
 
-        try:
-            with safe_open(str(path), framework="numpy") as f:
-                meta = f.metadata() or {}
-                if (meta.get("registry_sha256") != registry.sha256 or meta.get("version") != VERSION
-                        or meta.get("parameters") != json.dumps(_settings())
-                        or meta.get("tools") != str(len(registry))):
-                    return None  # another registry version or another kind of index: built afresh
-                vocabulary = json.loads(meta["vocabulary"])
-                matrix = {name: f.get_tensor(name) for name in ("data", "indices", "indptr")} if vocabulary else {}
+        def accept(arrays: dict[str, npt.NDArray[Any]], meta: dict[str, str]) -> LexicalIndex:
+            vocabulary = json.loads(meta["vocabulary"])
+            matrix = {name: arrays[name] for name in ("data", "indices", "indptr")} if vocabulary else {}
             _check_index(vocabulary, matrix, len(registry))
-        except Exception as exc:  # a damaged cache file, or one whose arrays do not fit together, is rebuilt
-            logging.getLogger(__name__).warning("the kept lexical index %s is not used, and is built afresh: %s",
-                                                path, exc)
-            return None
-        return cls(vocabulary, matrix, len(registry))
+            return cls(vocabulary, matrix, len(registry))
+
+        expected = {"registry_sha256": registry.sha256, "version": VERSION, "parameters": json.dumps(_settings()),
+                    "tools": str(len(registry))}
+        return read_kept(path, expected, accept, what="lexical index")
 
 
 def _settings(*, k1: float | None = None, b: float | None = None,

@@ -30,12 +30,12 @@ step; ``Engine.submit`` for a request that comes without one), never inside a de
 hold up every row of every registry.
 
 The tools' embeddings and their lexical index are computed once per registry version and kept in files beside the
-artifact (``embeddings_path``, ``lexical_path``), keyed by the registry's sha256 (and the encoder, the index's kind).
+artifact (``embeddings_path``, ``lexical_path``), keyed by the registry's sha256 (and the encoder, the index's kind),
+by one read/write pattern (``tooltrie/kept.py``).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -43,7 +43,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tooltrie.errors import ArtifactError, TooltrieError
+from tooltrie.errors import TooltrieError
 
 if TYPE_CHECKING:  # numpy is imported where it is used: the CLI reads this module's names to build its options
     import numpy as np
@@ -323,15 +323,17 @@ class Ranker:
     def tool_embeddings(self) -> npt.NDArray[np.float32]:
         """The tools' embeddings: read from ``embeddings_path`` when it holds this registry's, else computed (and
         written there)."""
+        from tooltrie.kept import keep, read_kept
         from tooltrie.retrieval import tool_text
 
-        cached = _read_embeddings(self.embeddings_path, self.registry.sha256)
+        key = {"registry_sha256": self.registry.sha256, "encoder": ENCODER}
+        cached = read_kept(self.embeddings_path, key, lambda arrays, meta: arrays["embeddings"], what="embeddings")
         if cached is not None:
             return cached
         texts = [tool_text(tool) for tool in self.registry.tools]
         embeddings: npt.NDArray[np.float32] = self.encoder.encode(texts).numpy().astype("float32")
         if self.embeddings_path is not None:
-            _write_embeddings(self.embeddings_path, embeddings, self.registry.sha256)
+            keep(self.embeddings_path, {"embeddings": embeddings}, key, what="embeddings")
         return embeddings
 
 
@@ -358,35 +360,6 @@ def lexical_path(artifact_path: str | Path) -> Path:
     """Where the tools' lexical index of an artifact is kept: beside it."""
     path = Path(artifact_path)
     return path.with_name(path.name.removesuffix(".safetensors") + ".lexical.safetensors")
-
-
-def _read_embeddings(path: Path | None, registry_sha256: str) -> npt.NDArray[np.float32] | None:
-    if path is None or not path.is_file():
-        return None
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            meta = f.metadata() or {}
-            if meta.get("registry_sha256") != registry_sha256 or meta.get("encoder") != ENCODER:
-                return None  # another registry version or encoder: computed afresh
-            embeddings: npt.NDArray[np.float32] = f.get_tensor("embeddings")
-            return embeddings
-    except Exception:  # a damaged cache file is recomputed, never trusted
-        return None
-
-
-def _write_embeddings(path: Path, embeddings: npt.NDArray[np.float32], registry_sha256: str) -> None:
-    import numpy as np
-    from safetensors.numpy import save
-
-    from tooltrie.compiler.artifact import write_atomically
-
-    try:
-        write_atomically(path, save({"embeddings": np.ascontiguousarray(embeddings)},
-                                    metadata={"registry_sha256": registry_sha256, "encoder": ENCODER}))
-    except ArtifactError as exc:  # only a cache: the ranker answers from the embeddings it holds
-        logging.getLogger(__name__).warning("the tools' embeddings were not cached: %s", exc)
 
 
 __all__ = ["DEFAULT_PRIOR", "FOLLOW", "HYBRID", "NO_ADAPTER", "PRIORS", "RANKERS", "FollowUp", "Prior", "Ranker",
