@@ -17,15 +17,15 @@ import numpy as np
 import pytest
 from numba import config, cuda
 from support.encoders import MadeUpEncoder
-from support.serve_http import smollm_tokenizer
 
-from tooltrie.compiler import Artifact, compile_registry
+from tooltrie.compiler import Artifact, TokenizerInfo, compile_registry
 from tooltrie.eval.datasets import registry_path
 from tooltrie.kernels import TrieBatch
 from tooltrie.kernels.state import DONE, ERROR
 from tooltrie.ranker import FOLLOW, FollowUp, Ranker, Weights, standardized
 from tooltrie.registry import CATALOG_PATH, load_registry, make_registry
 
+pytest.importorskip("bm25s", reason="the lexical prior needs bm25s (the model extra)")  # not in the GPU image
 PRIOR_ALONE = Weights(model=0.0, retrieval=1.0)
 QUERIES = ("what is the weather in Paris and the news about flights there",
            "convert dollars to euros, then find a cheap hotel and a restaurant",
@@ -38,7 +38,7 @@ BACKENDS = ["reference", "cpu", pytest.param("cuda", marks=pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def artifacts() -> dict[str, Artifact]:
-    tokenizer = smollm_tokenizer()
+    tokenizer = TokenizerInfo.load("smollm2-135m")
     return {name: compile_registry(load_registry(path), tokenizer)
             for name, path in (("catalog", CATALOG_PATH), ("bfcl", registry_path("bfcl")))}
 
@@ -112,7 +112,7 @@ def test_the_decode_ranked_by_a_following_prior_alone_answers_its_greedy_top_k(a
 
 
 def test_bad_input_gives_finite_priors_and_k_distinct_tools() -> None:
-    tokenizer = smollm_tokenizer()
+    tokenizer = TokenizerInfo.load("smollm2-135m")
     words = make_registry([{"name": name} for name in ("alpha", "beta", "gamma", "delta")], name="words")
     artifact = compile_registry(words, tokenizer)
     ranker = Ranker(words, prior="lexical", fused=PRIOR_ALONE)
