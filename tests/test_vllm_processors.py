@@ -251,25 +251,38 @@ def test_v2_a_request_with_a_prior_gets_the_fused_choice_from_vllms_argmax(catal
     oracle = TrieBatch(catalog_artifact, capacity=2)
     oracle.add(0, 3, prior=prior, model_weight=0.5)
     oracle.add(1, 2)
-    for _ in range(60):
-        slots = [slot for slot in (0, 1) if oracle.is_running(slot)]
-        if not slots:
+
+    def fused_score(row: int, slot: int, token: int, after: torch.Tensor, choice: Any) -> None:
+        if slot == 0:
+            best, _, log_total = choice.stats[row]
+            logprob = float(torch.log_softmax(after[row].double(), 0)[token])
+            assert logprob == pytest.approx(best - log_total, abs=1e-4)
+
+    drive_greedily(runner, oracle, [0, 1], torch_rng, steps=60, check=fused_score)
+    assert not oracle.is_running(0) and not oracle.is_running(1)
+
+
+def drive_greedily(runner: V2Runner, oracle: TrieBatch, slots: list[int], torch_rng: torch.Generator, *,
+                   steps: int, check: Any = None) -> None:
+    """Random logits a step for the running ``slots``: vLLM's greedy argmax over the processor's logits must take
+    the token the in-process ``oracle`` chooses from the same logits (``check`` sees each), then the forced run
+    the oracle took, one token at a time."""
+    for _ in range(steps):
+        running = [slot for slot in slots if oracle.is_running(slot)]
+        if not running:
             break
-        logits = torch.randn((len(slots), runner.vocab), generator=torch_rng)
-        choice = oracle.choose(logits.numpy().copy(), slots)
-        after = runner.step(slots, logits)
-        for row, slot in enumerate(slots):
+        logits = torch.randn((len(running), runner.vocab), generator=torch_rng)
+        choice = oracle.choose(logits.numpy().copy(), running)
+        after = runner.step(running, logits)
+        for row, slot in enumerate(running):
             token = int(torch.argmax(after[row]))
             assert token == choice.chosen[row], slot
-            if slot == 0:
-                best, _, log_total = choice.stats[row]
-                logprob = float(torch.log_softmax(after[row].double(), 0)[token])
-                assert logprob == pytest.approx(best - log_total, abs=1e-4)
+            if check is not None:
+                check(row, slot, token, after, choice)
             runner.commit(slot, token)
             for forced in choice.forced[row]:  # the oracle took them; vLLM samples them one by one
                 assert int(torch.argmax(runner.step([slot], torch.zeros((1, runner.vocab)))[0])) == forced
                 runner.commit(slot, forced)
-    assert not oracle.is_running(0) and not oracle.is_running(1)
 
 
 FOLLOWED = ("what is the weather in Paris and the news about flights there",
@@ -307,20 +320,7 @@ def answers_through_v2(artifact: Artifact, artifact_path: str, requests: list[tu
     plain = len(requests)
     assert runner.add(plain, params(artifact_path, 2), prompt=[7])
     oracle.add(plain, 2)
-    for _ in range(200):
-        slots = [slot for slot in range(plain + 1) if oracle.is_running(slot)]
-        if not slots:
-            break
-        logits = torch.randn((len(slots), runner.vocab), generator=torch_rng)
-        choice = oracle.choose(logits.numpy().copy(), slots)
-        after = runner.step(slots, logits)
-        for row, slot in enumerate(slots):
-            token = int(torch.argmax(after[row]))
-            assert token == choice.chosen[row], slot
-            runner.commit(slot, token)
-            for forced in choice.forced[row]:  # the oracle took them; vLLM samples them one by one
-                assert int(torch.argmax(runner.step([slot], torch.zeros((1, runner.vocab)))[0])) == forced
-                runner.commit(slot, forced)
+    drive_greedily(runner, oracle, list(range(plain + 1)), torch_rng, steps=200)
     assert not any(oracle.is_running(slot) for slot in range(plain + 1))
     return [oracle.tools(slot) for slot in range(plain)]
 
