@@ -30,17 +30,13 @@ from tooltrie.registry import load_registry
 BASELINES = ("dense", "lexical", "hybrid", "plain BM25", "plain BM25 + dense")
 
 
-def baseline_scores(data: Registryset, arm: str) -> np.ndarray:
-    dense = data.dense["test"]
-    if arm == "dense":
-        return dense
-    if arm == "plain BM25":
-        return data.plain_bm25("test")
-    if arm == "plain BM25 + dense":
-        return standardized(dense) + standardized(data.plain_bm25("test"))
+def baseline_scores(data: Registryset) -> dict[str, np.ndarray]:
+    """[test requests, tools] scores of each of ``BASELINES``: the lexical index and the plain BM25 built once."""
+    dense, plain = data.dense["test"], data.plain_bm25("test")
     index = LexicalIndex.build(data.registry)
     lexical = np.array([index.scores(q.query) for q in data.queries["test"]], np.float32)
-    return lexical if arm == "lexical" else fuse(dense, lexical, "z", HYBRID["lexical"])
+    return {"dense": dense, "lexical": lexical, "hybrid": fuse(dense, lexical, "z", HYBRID["lexical"]),
+            "plain BM25": plain, "plain BM25 + dense": standardized(dense) + standardized(plain)}
 
 
 def default_rates(data: Registryset, specs: list[str]) -> dict[str, np.ndarray]:
@@ -78,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         data = Registryset(name, Ranker(registry, embeddings_path=embeddings_path(
             CACHE / f"{registry.sha256[:32]}.safetensors")))
         queries, names = data.queries["test"], registry.names
-        per_arm = {arm: per_query_rates(baseline_scores(data, arm), queries, names) for arm in BASELINES}
+        per_arm = {arm: per_query_rates(scores, queries, names) for arm, scores in baseline_scores(data).items()}
         per_arm["default"] = default_rates(data, specs)
         ks = np.array([q.k for q in queries])
         results[name] = {"default": specs, "arms": {}, "paired": {}}
