@@ -29,6 +29,11 @@ A request's prior is computed once, when it is admitted (the service does it off
 step; ``Engine.submit`` for a request that comes without one), never inside a decoding step, where an embedding would
 hold up every row of every registry.
 
+Every constant of the prior lives here, each beside where it was chosen: the hybrid's weights (``HYBRID``), how it
+follows the answer (``FOLLOW``), and the fused ranker's weights for each kind of model (``UNTRAINED``,
+``NO_ADAPTER``, ``SERVE_TRAINED``; a shipped adapter's own are in its record, ``ranker_policy``). The lexical score's
+own constants (BM25's k1 and b, the field weights) are the index's, in ``tooltrie/lexical.py``.
+
 The tools' embeddings and their lexical index are computed once per registry version and kept in files beside the
 artifact (``embeddings_path``, ``lexical_path``), keyed by the registry's sha256 (and the encoder, the index's kind),
 by one read/write pattern (``tooltrie/kept.py``).
@@ -93,6 +98,11 @@ UNTRAINED = Weights(model=1.0, retrieval=10.0)
 # near-exact ties. Chosen over the hybrid prior on the catalog's validation splits with the base model (10, 20, 50:
 # 104, 104, 105 exact of 169, the hybrid prior alone 105; docs/benchmarks.md#what-the-model-adds-to-the-prior).
 NO_ADAPTER = Weights(model=1.0, retrieval=50.0)
+# For an adapter ``serve --train`` trained on the registry (``train.recipe.Recipe``): nothing is measured for each
+# adapter it trains. Chosen once for the recipe (100, on BFCL's validation split, with an adapter it trained on
+# BFCL) when the prior was the raw cosine; the prior is z-scored now, so 100 x the cosine's median spread per query
+# there (0.075; catalog 0.079-0.084): the same tilt, not re-tuned.
+SERVE_TRAINED = Weights(model=1.0, retrieval=7.5)
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: it holds arrays
@@ -362,6 +372,6 @@ def lexical_path(artifact_path: str | Path) -> Path:
     return path.with_name(path.name.removesuffix(".safetensors") + ".lexical.safetensors")
 
 
-__all__ = ["DEFAULT_PRIOR", "FOLLOW", "HYBRID", "NO_ADAPTER", "PRIORS", "RANKERS", "FollowUp", "Prior", "Ranker",
-           "RankerError", "Weights", "check_prior", "check_ranker", "embeddings_path", "lexical_path", "needs_encoder",
-           "prior_parts", "ranker_for", "standardized"]
+__all__ = ["DEFAULT_PRIOR", "FOLLOW", "HYBRID", "NO_ADAPTER", "PRIORS", "RANKERS", "SERVE_TRAINED", "UNTRAINED",
+           "FollowUp", "Prior", "Ranker", "RankerError", "Weights", "check_prior", "check_ranker", "embeddings_path",
+           "lexical_path", "needs_encoder", "prior_parts", "ranker_for", "standardized"]

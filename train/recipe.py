@@ -14,11 +14,11 @@ import functools
 import hashlib
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tooltrie.ranker import DEFAULT_PRIOR, Weights, check_prior
+from tooltrie.ranker import DEFAULT_PRIOR, SERVE_TRAINED, Weights, check_prior
 
 if TYPE_CHECKING:
     from tooltrie.compiler.artifact import Artifact
@@ -54,11 +54,8 @@ class Recipe:
     loss: str = "both"
     seed: int = 0
     threads: int = 1  # one core for training, the other for serving
-    # The fused ranker's weights the adapter is served with; nothing is measured for each adapter it trains. Chosen
-    # once for the recipe (100, on BFCL's validation split, with an adapter it trained on BFCL) when the prior was the
-    # raw cosine; the prior is z-scored now, so 100 x the cosine's median spread per query there (0.075; catalog
-    # 0.079-0.084): the same tilt, not re-tuned.
-    fused: Weights = field(default_factory=lambda: Weights(model=1.0, retrieval=7.5))
+    # The fused ranker's weights the adapter is served with (``ranker.SERVE_TRAINED``, where they were chosen)
+    fused: Weights = SERVE_TRAINED
     prior: str = DEFAULT_PRIOR  # the retrieval prior trained through (``through_prior``), as served with ``--prior``
 
     def __post_init__(self) -> None:
