@@ -23,7 +23,9 @@ toolalpaca-needs  needs/toolalpaca                toolalpaca  the unordered gold
 The ``-needs`` sets hold requests that describe a situation or a goal rather than a tool (``"kind": "need"``,
 ``LabelledQuery.kind``), written by hand for measuring how a ranker copes with wording that is not the registry's
 (``eval/data/needs/README.md``; ``python -m tooltrie.eval.wording`` checks they avoid their tools' words). Sizes
-(test / validation): 35 / 34, 33 / 32, 32 / 32, 32 / 32, 33 / 33, in the table's order.
+(test / validation): 35 / 34, 33 / 32, 32 / 32, 32 / 32, 33 / 33, in the table's order. ``catalog-situations``
+holds requests of the same kind written separately to train on (``eval/data/situations/README.md``): all of it is
+its train split, less any text a test split holds.
 
 **The split rule** (fixed, deterministic, no seed): within each stratum, queries are ordered by the sha256 of their
 normalized text (``normalize``: NFKC, case-folded, whitespace collapsed), ties by line. The first ones are the test
@@ -92,6 +94,7 @@ class _Bundled:
     test_count: int = 0  # per stratum; else test_fraction
     test_fraction: float = 0.0
     halves: bool = False  # test and validation alternate down the stratum-then-hash order; no train split
+    train_only: bool = False  # every query (less the held-out texts) is for training: no test or validation split
 
 
 BUNDLED: dict[str, _Bundled] = {
@@ -106,6 +109,8 @@ BUNDLED: dict[str, _Bundled] = {
                               ("tmdb", DATA_DIR / "restbench-tmdb" / "restbench-tmdb.json"),
                               ("spotify", DATA_DIR / "restbench-spotify" / "restbench-spotify.json"),
                               ("toolalpaca", DATA_DIR / "toolalpaca" / "toolalpaca.json"))},
+    # requests of the same kind written to train on, never measured on (eval/data/situations/README.md)
+    "catalog-situations": _Bundled("situations/catalog.jsonl", CATALOG_PATH, "tool-set", train_only=True),
 }
 
 
@@ -257,6 +262,8 @@ def _round_half_up(value: float) -> int:
 @functools.cache
 def _test(name: str) -> tuple[LabelledQuery, ...]:
     spec = _bundled(name)
+    if spec.train_only:
+        return ()
     if spec.halves:
         return tuple(_halves(name)[0])
     test: list[LabelledQuery] = []
@@ -269,6 +276,9 @@ def _test(name: str) -> tuple[LabelledQuery, ...]:
 @functools.cache
 def _splits(name: str) -> dict[str, tuple[LabelledQuery, ...]]:
     withheld = held_out_hashes()
+    if _bundled(name).train_only:
+        return {"train": tuple(item for item in _read_bundled(name) if item.text_hash not in withheld),
+                "validation": (), "test": ()}
     if _bundled(name).halves:
         kept = tuple(item for item in _halves(name)[1] if item.text_hash not in withheld)
         return {"train": (), "validation": kept, "test": _test(name)}

@@ -23,6 +23,7 @@ from tooltrie.registry import make_registry
 from tooltrie.serve.engine import Engine, Request
 from tooltrie.serve.prompt import Prompt
 from tooltrie.train.compose import SINGLE, task
+from tooltrie.train.data import load_training_data
 from tooltrie.train.training_data import RECORD_KEYS, RecordMaker, generate_training_data
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,7 +52,8 @@ def generated(catalog_artifact: Artifact, smollm: TokenizerInfo, tmp_path_factor
     queries = write_jsonl(folder / "mine.jsonl", USER_QUERIES * 3 + [
         {"query": f"which tool for task number {i}?", "tools": ["NotesTool"]} for i in range(8)])
     meta = generate_training_data(folder / "out", artifact=catalog_artifact, tokenizer=smollm,
-                                  queries=["metatool-multi", str(queries)], seed=3, validation_fraction=0.25,
+                                  queries=["metatool-multi", "catalog-situations", str(queries)], seed=3,
+                                  validation_fraction=0.25,
                                   compose=40)
     return folder / "out", meta
 
@@ -107,6 +109,7 @@ def test_tools_with_parameters_get_requests_giving_arguments(smollm: TokenizerIn
 def test_records_have_the_format_and_verified_targets(generated: tuple[Path, dict[str, Any]],
                                                       catalog_artifact: Artifact, smollm: TokenizerInfo) -> None:
     out, meta = generated
+    situations = {q.query for q in load_split("catalog-situations", "all")}
     prompt = Prompt.style("short")
     registry, contract = catalog_artifact.registry, catalog_artifact.contract
     for split in ("train", "validation"):
@@ -114,6 +117,7 @@ def test_records_have_the_format_and_verified_targets(generated: tuple[Path, dic
         assert len(records) == meta["counts"][split] > 0
         for record in records:
             assert tuple(record) == RECORD_KEYS
+            assert record["kind"] == ("need" if record["query"] in situations else "")
             tools, k = record["tools"], record["k"]
             assert k == len(tools)
             assert (record["prompt"], record["completion"]) == prompt.training_text(registry, contract,
@@ -126,6 +130,8 @@ def test_records_have_the_format_and_verified_targets(generated: tuple[Path, dic
             matcher = TrieMatcher(catalog_artifact, k)
             assert all(matcher.accept_token(t) for t in ids) and matcher.is_terminated()
             assert matcher.tool_names() == tools
+    needs = {r["query"] for r in read_jsonl(out / "train.jsonl") if r["kind"] == "need"}
+    assert needs and {e.query for e in load_training_data(out, catalog_artifact).train if e.kind == "need"} == needs
 
 
 def test_completion_ids_are_what_the_engine_emits(catalog_artifact: Artifact, smollm: TokenizerInfo) -> None:
@@ -151,6 +157,7 @@ def test_meta_names_its_inputs(generated: tuple[Path, dict[str, Any]], catalog_a
     counts = meta["counts"]
     assert counts["by_source"]["train"]["registry"] == len(catalog_artifact.registry)  # one description per tool
     assert counts["by_source"]["train"]["metatool-multi"] == len(load_split("metatool-multi", "train"))
+    assert counts["by_source"]["train"]["catalog-situations"] == len(load_split("catalog-situations", "train"))
     assert counts["by_k"]["train"] == {"1": 47 + 11, "2": 360 + 12, "3": 3} or sum(
         counts["by_k"]["train"].values()) == counts["train"]
 

@@ -266,7 +266,7 @@ def test_a_replaying_recipe_trains_beside_the_catalogs_labelled_requests(tmp_pat
     catalog = load_training_data(replayed["directory"], compile_registry(load_registry(CATALOG_PATH), tokenizer))
     assert replayed["registry"]["sha256"] == catalog.meta.registry_sha256 == load_registry(CATALOG_PATH).sha256
     assert record.registry_sha256 == artifact.registry.sha256  # the adapter is still the registry's own
-    assert catalog.meta.raw["queries"] == ["metatool-single", "metatool-multi"]
+    assert catalog.meta.raw["queries"] == ["metatool-single", "metatool-multi", "catalog-situations"]
     assert replayed["train_examples"] == len(catalog.train) > 9_000
     assert {example.k for example in catalog.train} == {1, 2}  # single- and multi-tool requests
 

@@ -9,6 +9,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -218,6 +219,22 @@ def test_balanced_batches_of_several_sets_draw_each_by_its_size_and_balance_it_a
     assert in_catalog[("A",)] / in_catalog[("B",)] == pytest.approx(1, abs=0.1)  # each set balanced alone
     with pytest.raises(ValueError, match="no examples"):
         next(balanced_batches(catalog, 2, seed=0, also=[[]]))
+
+
+def test_balanced_batches_draw_a_gold_sets_kinds_by_their_square_roots() -> None:
+    """Within a gold set, requests that describe a need count by the square root of their number beside the plain
+    ones (4 against 100: 2 / 12 of A's draws), every one of them drawn; a gold set of needs alone is one more set."""
+    def need(query: str, *tools: str) -> Example:
+        return replace(_example(query, *tools), kind="need")
+
+    examples = ([_example(f"a{i}", "A") for i in range(100)] + [need(f"n{i}", "A") for i in range(4)]
+                + [_example(f"b{i}", "B") for i in range(30)] + [need("c0", "C")])
+    drawn = [e for batch in itertools.islice(balanced_batches(examples, 8, seed=4, bucket=4), 3000) for e in batch]
+    of_a = [e for e in drawn if e.tools == ("A",)]
+    assert sum(e.kind == "need" for e in of_a) / len(of_a) == pytest.approx(2 / 12, abs=0.02)
+    assert len({e.query for e in of_a if e.kind == "need"}) == 4
+    by_set = Counter(e.tools for e in drawn)
+    assert by_set[("C",)] / by_set[("B",)] == pytest.approx(1, abs=0.1)  # each gold set alike, whatever its kinds
 
 
 def test_hard_negatives_are_drawn_beside_their_tool_in_one_batch() -> None:

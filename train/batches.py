@@ -167,8 +167,10 @@ def balanced_batches(examples: Sequence[Example], batch_size: int, *, seed: int,
     (``eval.datasets``), so a model trained on the natural mix learns the mix's prior and misses the rare tools.
     Here each draw picks k with weight proportional to the square root of its number of examples (the rare k gets
     more than its share, not an equal one), then a stratum of that k (``stratum``: the unordered gold set)
-    uniformly, then one of its examples uniformly. Windows of ``bucket`` batches are sorted by length, as in
-    ``shuffled_batches``.
+    uniformly, then one of its examples uniformly; where a stratum holds requests of several kinds (plainly worded,
+    and situations described: ``Example.kind``), the kind first, by the same square-root rule, so the few requests
+    that describe a need are not drowned by a tool's hundreds of plain ones. Windows of ``bucket`` batches are sorted
+    by length, as in ``shuffled_batches``.
 
     ``also``: other sets of examples (another registry's data), each balanced on its own; a draw first picks a set
     with weight proportional to its size, so a registry of many tools does not drown one of few.
@@ -214,8 +216,10 @@ def _packed(units: Sequence[tuple[Example, ...]], batch_size: int, count: int) -
                 batch = []
     return batches
 
+
 class _Balanced:
-    """One set's balanced draw: k by the square root of its count, then a stratum, then an example."""
+    """One set's balanced draw: k by the square root of its count, then a stratum, then (where it holds several) a
+    kind by the square root of its count, then an example."""
 
     def __init__(self, examples: Sequence[Example]) -> None:
         if not examples:
@@ -225,11 +229,11 @@ class _Balanced:
             groups.setdefault(example.k, {}).setdefault(stratum(example), []).append(example)
         self.ks = sorted(groups)
         self.k_weights = [math.sqrt(sum(len(members) for members in groups[k].values())) for k in self.ks]
-        self.strata = {k: [groups[k][key] for key in sorted(groups[k], key=sorted)] for k in self.ks}
+        self.strata = {k: [_Stratum(groups[k][key]) for key in sorted(groups[k], key=sorted)] for k in self.ks}
         self.single = {tool: members for (tool,), members in groups.get(1, {}).items()}  # one tool's requests
 
     def draw(self, rng: random.Random, count: int) -> list[Example]:
-        return [rng.choice(rng.choice(self.strata[k])) for k in rng.choices(self.ks, weights=self.k_weights, k=count)]
+        return [rng.choice(self.strata[k]).draw(rng) for k in rng.choices(self.ks, weights=self.k_weights, k=count)]
 
     def draw_pairs(self, rng: random.Random, count: int, partners: Mapping[str, str]) -> list[tuple[Example, ...]]:
         """``count`` examples or one more, in pairs: a balanced draw, then a request for its tool's partner (another
@@ -239,6 +243,22 @@ class _Balanced:
             mates = self.single.get(partners.get(example.tools[0], ""), []) if example.k == 1 else []
             pairs.append((example, rng.choice(mates) if mates else self.draw(rng, 1)[0]))
         return pairs
+
+
+class _Stratum:
+    """One gold set's requests, by kind (in sorted order; plainly worded first)."""
+
+    def __init__(self, examples: Sequence[Example]) -> None:
+        kinds: dict[str, list[Example]] = {}
+        for example in examples:
+            kinds.setdefault(example.kind, []).append(example)
+        self.kinds = [kinds[kind] for kind in sorted(kinds)]
+        self.weights = [math.sqrt(len(members)) for members in self.kinds]
+
+    def draw(self, rng: random.Random) -> Example:
+        if len(self.kinds) == 1:  # one kind: no draw of it (a stream of plain data is what it was before kinds)
+            return rng.choice(self.kinds[0])
+        return rng.choice(rng.choices(self.kinds, weights=self.weights)[0])
 
 
 def stratum(example: Example) -> frozenset[str]:

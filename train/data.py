@@ -1,9 +1,10 @@
 """Reading the regenerated training data (``tooltrie gen-data``) and checking it against the artifact trained for.
 
 A data directory holds ``train.jsonl``, ``validation.jsonl`` and ``meta.json``. Each record is
-``{"query", "tools", "k", "prompt", "completion", "prompt_ids", "completion_ids"}``: ``prompt_ids`` is the whole prompt
-as the engine tokenizes it, ``completion_ids`` the tokens the engine emits for the answer (each tool's trie path,
-separators included, then the stop token). ``meta.json`` names the registry (name, sha256), the tokenizer fingerprint,
+``{"query", "tools", "k", "kind", "prompt", "completion", "prompt_ids", "completion_ids"}`` (``kind``, "need" for a
+request that describes a situation, may be absent): ``prompt_ids`` is the whole prompt as the engine tokenizes it,
+``completion_ids`` the tokens the engine emits for the answer (each tool's trie path, separators included, then the
+stop token). ``meta.json`` names the registry (name, sha256), the tokenizer fingerprint,
 the contract sha256 and the prompt style the records were made with.
 
 Loading walks every completion through a ``TrieMatcher`` of the artifact: a token the trie refuses, or an answer that
@@ -55,6 +56,7 @@ class Example:
     legal: tuple[tuple[int, ...], ...]  # the legal tokens (ascending) before each completion token
     # What the fused ranker adds to each legal token where there is a choice (``train.priors``); None: nothing.
     bonus: tuple[tuple[float, ...], ...] | None = None
+    kind: str = ""  # "need": the request describes a situation, not the tool (``eval.datasets.LabelledQuery.kind``)
 
     @property
     def k(self) -> int:
@@ -147,7 +149,7 @@ def example_from_record(record: Mapping[str, Any], artifact: Artifact, *, where:
     if not prompt_ids:
         raise TrainingDataError(f"{where}: empty prompt_ids")
     return Example(query=query, tools=tools, prompt_ids=prompt_ids, completion_ids=completion_ids,
-                   legal=_walk(artifact, tools, completion_ids, where=where))
+                   legal=_walk(artifact, tools, completion_ids, where=where), kind=str(record.get("kind", "")))
 
 
 def _walk(artifact: Artifact, tools: Sequence[str], completion: Sequence[int],

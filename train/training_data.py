@@ -3,7 +3,7 @@
 ``generate_training_data`` writes a directory with ``train.jsonl``, ``validation.jsonl`` and ``meta.json``. One
 record per line::
 
-    {"query": str, "tools": [names], "k": int,
+    {"query": str, "tools": [names], "k": int, "kind": str,   # "need" for a situation described (else "")
      "prompt": str, "completion": str,          # Prompt.training_text: the chat-formatted prompt, and the answer
                                                 # as the assistant turn closes it (e.g. "NewsTool<|im_end|>\\n")
      "prompt_ids": [int], "completion_ids": [int]}
@@ -49,7 +49,7 @@ from tooltrie.train.compose import composed_examples
 
 FORMAT = "tooltrie-training-data"
 FORMAT_VERSION = 1
-RECORD_KEYS = ("query", "tools", "k", "prompt", "completion", "prompt_ids", "completion_ids")
+RECORD_KEYS = ("query", "tools", "k", "kind", "prompt", "completion", "prompt_ids", "completion_ids")
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class RecordMaker:
         check_labels([item], registry)
         prompt, completion = self.prompt.training_text(registry, contract, item.query, item.tools)
         completion_ids = self.completion_ids(item, completion)
-        return {"query": item.query, "tools": list(item.tools), "k": item.k, "prompt": prompt,
+        return {"query": item.query, "tools": list(item.tools), "k": item.k, "kind": item.kind, "prompt": prompt,
                 "completion": completion,
                 "prompt_ids": self.prompt.ids(self.tokenizer, registry, contract, item.query, item.k),
                 "completion_ids": completion_ids}
