@@ -66,9 +66,12 @@ def test_the_follow_up_is_the_requests_words_rescored_as_its_tools_cover_them(pr
         assert follow is not None and follow.covered == FOLLOW["covered"]
         assert follow.later_weight == ranker.fused.retrieval * (FOLLOW["lexical"] if prior == "hybrid" else 1.0)
         assert follow(()) is made.scores  # the first tool's prior is the request's own
-        for n in (1, 2, 3):
-            tools = tuple(int(t) for t in rng.choice(len(registry), n, replace=False))
-            np.testing.assert_allclose(follow(tools), brute_force(follow, tools), rtol=1e-5, atol=1e-5)
+        for covered in sorted({0.0, 0.25, FOLLOW["covered"]}):  # the shipped constant, and words discounted
+            follow = FollowUp(made.follow.first, query, made.follow.index, registry.tools,
+                              made.follow.lexical_weight, made.follow.later_weight, covered)
+            for n in (1, 2, 3):
+                tools = tuple(int(t) for t in rng.choice(len(registry), n, replace=False))
+                np.testing.assert_allclose(follow(tools), brute_force(follow, tools), rtol=1e-5, atol=1e-5)
 
 
 def test_words_counted_fully_at_the_same_weight_leave_the_prior_as_it_was() -> None:
