@@ -387,7 +387,7 @@ def test_a_ranked_request_sends_its_prior_and_answers_as_in_process(tmp_path: Pa
     asks = [*zip(QUERIES, (1, 2, 3), strict=True), *((query, k) for query in SEVERAL_NEEDS for k in (2, 3))]
     with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path)) as remote, client_of(local_service) as local:
         for query, k in asks:
-            ask = {"query": query, "k": k, "ranker": ranker, "prior": "lexical"}
+            ask = {"query": query, "k": k, "ranker": ranker, "prior": "hybrid"}
             here, there = local.post("/v1/discover", json=ask), remote.post("/v1/discover", json=ask)
             assert here.status_code == there.status_code == 200, there.text
             assert same_answer(here.json(), there.json()), (here.json(), there.json())
