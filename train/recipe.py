@@ -101,8 +101,8 @@ def training_code_version() -> str:
 
 def replayed_sets(registry: str) -> tuple[list[str], Path]:
     """The bundled labelled sets with a train split of the bundled registry named ``registry`` ("catalog": MetaTool's
-    two and the situations written to train on, "bfcl"), and that registry's file. Sets split in halves (validation and test only, e.g. the need-describing
-    requests) are never trained on."""
+    two and the situations written to train on, "bfcl"), and that registry's file. Sets split in halves (validation
+    and test only, e.g. the need-describing requests) are never trained on."""
     from tooltrie.eval.datasets import BUNDLED, registry_path
 
     trained = [name for name, bundled in BUNDLED.items() if not bundled.halves]
