@@ -119,7 +119,7 @@ def _eval(args: argparse.Namespace) -> int:
     from transformers.utils import logging as transformers_logging
 
     from tooltrie.eval.backends import PRIOR_ARMS, EvalSetup
-    from tooltrie.eval.datasets import check_labels, load_split
+    from tooltrie.eval.datasets import DatasetError, check_labels, load_split
     from tooltrie.eval.harness import evaluate
     from tooltrie.eval.report import write_results
     from tooltrie.ranker import needs_encoder, ranker_for
@@ -133,6 +133,10 @@ def _eval(args: argparse.Namespace) -> int:
     parts = dataset_parts(args.dataset)
     labelled_over = dataset_registry(parts) or CATALOG_PATH  # before the model loads: a bad mix fails at once
     queries = [query for name, split in parts for query in load_split(name, split)]
+    empty = [f"{name}:{split}" for name, split in parts if name in BUNDLED and not load_split(name, split)]
+    if empty:  # a set to train on has no test or validation split
+        raise DatasetError(f"--dataset: {', '.join(empty)} holds no queries (a set to train on has only a train "
+                           "split); name another split or set")
     if args.limit is not None:
         queries = queries[: args.limit]
     if args.sample is not None and args.sample < len(queries):

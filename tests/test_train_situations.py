@@ -5,6 +5,9 @@ sets measure with, all of it train; and the training data made for the catalog c
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
+
+import pytest
 
 from tooltrie.eval.datasets import BUNDLED, check_labels, load_split, registry_path
 from tooltrie.eval.wording import content_words, overlaps
@@ -44,3 +47,12 @@ def test_no_situation_is_near_a_measured_request() -> None:
             if len(words & other) / max(1, len(words | other)) > 1 / 3:
                 near.append((item.query, sorted(words & other)))
     assert not near
+
+
+def test_evaluating_a_set_to_train_on_is_refused_by_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tooltrie.cli import main
+
+    assert main(["eval", "--dataset", f"metatool-multi:test,{NAME}", "--arms", "retrieval",
+                 "-o", str(tmp_path / "out")]) == 2
+    assert f"{NAME}:test holds no queries" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
