@@ -243,3 +243,12 @@ def write_results(name: str, *, settings: Mapping[str, Any], results: Any, out: 
     payload = {"machine": machine_info(), "versions": package_versions(), "settings": dict(settings),
                "results": results}
     return write_text(path, json_text(relative_paths(payload, root=REPO_DIR)))
+
+
+def eval_once(out: Path, arguments: Sequence[str]) -> Path:
+    """``tooltrie eval <arguments> --no-plots -o out``, unless ``out`` holds its results already (a sweep run again
+    reads the runs it made); ``out``."""
+    if not (out / "results.json").is_file():
+        subprocess.run([sys.executable, "-m", "tooltrie.cli", "eval", *arguments, "--no-plots", "-o", str(out)],
+                       check=True, cwd=REPO_DIR)
+    return out

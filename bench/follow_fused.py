@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from _common import REPO_DIR, print_table, write_results
+from _common import REPO_DIR, eval_once, print_table, write_results
 
 from tooltrie.eval.compare import ArmAnswers, as_json, compare
 from tooltrie.eval.datasets import load_split, registry_path
@@ -29,16 +27,12 @@ MODES = {"follow": [], "static": ["--no-follow"]}
 def run(name: str, mode: str, work: Path, batch: int) -> Path:
     """One ``tooltrie eval`` of the fused and hybrid arms over ``name``'s k >= 2 test requests."""
     out = work / f"{name}-{mode}"
-    if (out / "results.json").is_file():
-        return out
     queries = work / f"{name}-k2-test.jsonl"
-    with queries.open("w") as f:
+    with queries.open("w") as f:  # the same file each time: the split is fixed
         for query in (q for dataset in REGISTRIES[name] for q in load_split(dataset, "test") if q.k >= 2):
             f.write(json.dumps({"query": query.query, "tools": list(query.tools)}) + "\n")
-    subprocess.run([sys.executable, "-m", "tooltrie.cli", "eval", "--dataset", str(queries), "--registry",
-                    str(registry_path(REGISTRIES[name][0])), "--arms", "fused,hybrid", *MODES[mode], "--batch",
-                    str(batch), "--no-plots", "-o", str(out)], check=True, cwd=REPO_DIR)
-    return out
+    return eval_once(out, ["--dataset", str(queries), "--registry", str(registry_path(REGISTRIES[name][0])),
+                           "--arms", "fused,hybrid", *MODES[mode], "--batch", str(batch)])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from _common import REPO_DIR, print_table, write_results
+from _common import REPO_DIR, eval_once, print_table, write_results
 
 from tooltrie.eval.compare import ArmAnswers, as_json, compare
 from tooltrie.ranker import UNTRAINED
@@ -39,15 +37,10 @@ RETRIEVAL_ARMS = ("retrieval", "hybrid")  # dense, and the hybrid prior: the bes
 def run(name: str, split: str, weight: float, work: Path, batch: int) -> Path:
     """One ``tooltrie eval`` of the fused arm at the prior's ``weight`` (and, at the first weight, the retrieval
     arms) over ``name``'s plain and need-describing ``split``."""
-    out = work / f"{name}-{split}-{weight:g}"
-    if (out / "results.json").is_file():
-        return out
     arms = ",".join(("fused", *RETRIEVAL_ARMS)) if weight == WEIGHTS[0] else "fused"
-    subprocess.run([sys.executable, "-m", "tooltrie.cli", "eval", "--dataset",
-                    ",".join(f"{dataset}:{split}" for dataset in REGISTRIES[name]), "--arms", arms,
-                    "--fused-weights", f"1,{weight:g}", "--batch", str(batch), "--no-plots", "-o", str(out)],
-                   check=True, cwd=REPO_DIR)
-    return out
+    return eval_once(work / f"{name}-{split}-{weight:g}", [
+        "--dataset", ",".join(f"{dataset}:{split}" for dataset in REGISTRIES[name]), "--arms", arms,
+        "--fused-weights", f"1,{weight:g}", "--batch", str(batch)])
 
 
 def arm_specs(name: str, split: str, work: Path, batch: int) -> dict[str, str]:
