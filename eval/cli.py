@@ -132,11 +132,12 @@ def _eval(args: argparse.Namespace) -> int:
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     parts = dataset_parts(args.dataset)
     labelled_over = dataset_registry(parts) or CATALOG_PATH  # before the model loads: a bad mix fails at once
-    queries = [query for name, split in parts for query in load_split(name, split)]
-    empty = [f"{name}:{split}" for name, split in parts if name in BUNDLED and not load_split(name, split)]
+    loaded = [(f"{name}:{split}", load_split(name, split)) for name, split in parts]
+    empty = [part for part, queries in loaded if not queries]  # a file with none is refused when read
     if empty:  # a set to train on has no test or validation split
         raise DatasetError(f"--dataset: {', '.join(empty)} holds no queries (a set to train on has only a train "
                            "split); name another split or set")
+    queries = [query for _, part in loaded for query in part]
     if args.limit is not None:
         queries = queries[: args.limit]
     if args.sample is not None and args.sample < len(queries):
