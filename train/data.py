@@ -4,8 +4,8 @@ A data directory holds ``train.jsonl``, ``validation.jsonl`` and ``meta.json``. 
 ``{"query", "tools", "k", "kind", "prompt", "completion", "prompt_ids", "completion_ids"}`` (``kind``, "need" for a
 request that describes a situation, may be absent): ``prompt_ids`` is the whole prompt as the engine tokenizes it,
 ``completion_ids`` the tokens the engine emits for the answer (each tool's trie path, separators included, then the
-stop token). ``meta.json`` names the registry (name, sha256), the tokenizer fingerprint,
-the contract sha256 and the prompt style the records were made with.
+stop token). ``meta.json`` names the registry (name, sha256), the tokenizer fingerprint, the contract sha256 and the
+prompt style the records were made with.
 
 Loading walks every completion through a ``TrieMatcher`` of the artifact: a token the trie refuses, or an answer that
 does not end where the trie does, is a ``TrainingDataError`` naming the file and line. The walk also yields, for every
