@@ -236,13 +236,15 @@ def _looks_numeric(text: str) -> bool:
     return True
 
 
-def write_results(name: str, *, settings: Mapping[str, Any], results: Any, out: str | Path | None = None) -> Path:
+def write_results(name: str, *, settings: Mapping[str, Any], results: Any, out: str | Path | None = None,
+                  compact: bool = False) -> Path:
     """Write ``{"machine", "versions", "settings", "results"}`` to ``bench/results/<name>.json`` (or ``out``),
-    atomically: a reader sees the old file or the whole new one."""
+    atomically: a reader sees the old file or the whole new one. ``compact``: one line (a sweep's many cells)."""
     path = Path(out) if out is not None else RESULTS_DIR / f"{name}.json"
-    payload = {"machine": machine_info(), "versions": package_versions(), "settings": dict(settings),
-               "results": results}
-    return write_text(path, json_text(relative_paths(payload, root=REPO_DIR)))
+    payload = relative_paths({"machine": machine_info(), "versions": package_versions(), "settings": dict(settings),
+                              "results": results}, root=REPO_DIR)
+    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":")) + "\n" if compact else json_text(payload)
+    return write_text(path, text)
 
 
 def eval_once(out: Path, arguments: Sequence[str]) -> Path:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from _common import REPO_DIR, RESULTS_DIR, machine_info, package_versions, print_table, summarize, take_turns
+from _common import print_table, summarize, take_turns, write_results
 from sweep_fusion_adaptive import NEEDS, NeedSet
 from sweep_prior_follow import GRID as LEXICAL_GRID
 from sweep_prior_follow import OFF, Answers
@@ -45,7 +45,6 @@ from sweep_prior_loro import CACHE, REGISTRIES, Registryset, paired
 
 from tooltrie.eval.compare import RESAMPLES
 from tooltrie.eval.datasets import registry_path
-from tooltrie.eval.files import relative_paths, write_text
 from tooltrie.eval.scoring import answer_rates
 from tooltrie.ranker import FOLLOW, HYBRID, FollowUp, Ranker, embeddings_path, standardized
 from tooltrie.registry import load_registry
@@ -343,10 +342,7 @@ def main(argv: list[str] | None = None) -> int:
                 "each registry counted once; ties to recall@k, then the grid's order (no dense move first)",
                 "answer": "greedy top k, each the best unused tool by the prior made from the tools before it",
                 "resamples": RESAMPLES}
-    path = Path(args.output) if args.output else RESULTS_DIR / "sweep-follow-dense.json"
-    payload = {"machine": machine_info(), "versions": package_versions(), "settings": settings, "results": results}
-    text = json.dumps(relative_paths(payload, root=REPO_DIR), ensure_ascii=False, separators=(",", ":"))
-    write_text(path, text + "\n")  # one line
+    path = write_results("sweep-follow-dense", settings=settings, results=results, out=args.output, compact=True)
     print(f"wrote {Path(path)}")
     return 0
 

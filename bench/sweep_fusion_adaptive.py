@@ -34,23 +34,20 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from _common import REPO_DIR, RESULTS_DIR, machine_info, package_versions, print_table
+from _common import print_table, write_results
 from sweep_prior import min_max
 from sweep_prior_loro import CACHE, GROUPS, REGISTRIES, TODAY, Registryset, check_rates, paired, per_query_rates
 
 from tooltrie.eval.compare import RESAMPLES
 from tooltrie.eval.datasets import LabelledQuery, load_split, registry_path
-from tooltrie.eval.files import relative_paths, write_text
 from tooltrie.lexical import STOPWORDS, LexicalIndex, identifier_words
 from tooltrie.ranker import HYBRID, Ranker, embeddings_path, standardized
 from tooltrie.registry import load_registry
@@ -594,10 +591,7 @@ def main(argv: list[str] | None = None) -> int:
                 "criterion": "best mean exact-set rate over the other four registries' validation splits, each "
                 "registry counted once; ties to the better mean recall@k, then the grid's order",
                 "baseline": f"z(dense) + {HYBRID['lexical']:g} z(lexical)", "resamples": RESAMPLES}
-    payload = {"machine": machine_info(), "versions": package_versions(), "settings": settings, "results": results}
-    path = Path(args.output) if args.output else RESULTS_DIR / "sweep-fusion-adaptive.json"
-    text = json.dumps(relative_paths(payload, root=REPO_DIR), ensure_ascii=False, separators=(",", ":"))
-    write_text(path, text + "\n")
+    path = write_results("sweep-fusion-adaptive", settings=settings, results=results, out=args.output, compact=True)
     print(f"wrote {path} ({elapsed:.0f} s)")
     return 0
 

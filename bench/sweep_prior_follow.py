@@ -26,17 +26,15 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import REPO_DIR, RESULTS_DIR, machine_info, package_versions, print_table, write_results
+from _common import print_table, write_results
 from sweep_fusion_adaptive import NEEDS, NeedSet
 from sweep_prior_loro import CACHE, REGISTRIES, Registryset, paired
 
 from tooltrie.eval.datasets import registry_path
-from tooltrie.eval.files import relative_paths, write_text
 from tooltrie.eval.scoring import answer_rates
 from tooltrie.lexical import LexicalIndex
 from tooltrie.ranker import FOLLOW, HYBRID, FollowUp, Ranker, embeddings_path, standardized
@@ -320,10 +318,7 @@ def main_kinds(kinds: tuple[str, ...], output: str | None) -> int:
                 "mean exact-set rate over the kinds (each kind counted the same); ties to the same mean of recall@k, "
                 "then to the grid's order (not following first, then covered and later from the smaller)",
                 "answer": "greedy top k, each the best unused tool by the prior made from the tools before it"}
-    path = Path(output) if output else RESULTS_DIR / "sweep-prior-follow-kinds.json"
-    payload = {"machine": machine_info(), "versions": package_versions(), "settings": settings, "results": results}
-    write_text(path, json.dumps(relative_paths(payload, root=REPO_DIR), ensure_ascii=False, separators=(",", ":"))
-               + "\n")  # one line of compact JSON
+    path = write_results("sweep-prior-follow-kinds", settings=settings, results=results, out=output, compact=True)
     print(f"wrote {Path(path)}")
     return 0
 
