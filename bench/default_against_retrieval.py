@@ -1,13 +1,14 @@
-"""The default answer against the retrieval a user would pick, on the five development registries' test splits:
-the answers of ``tooltrie eval`` runs (the arm ``--ranker auto`` resolves to for the shipped adapter: fused where it
-never saw the tools, the model alone on the catalog) paired, request by request, with dense retrieval, today's
-lexical and hybrid priors, a plain BM25 over name + description (bm25s's defaults) and that BM25 and the dense
-scores z-scored and summed 1:1 (no model; ``sweep_prior_loro.py``'s arms). Exact set and recall@k, k = 1 and k >= 2
-apart, 95 % bootstrap intervals. Prints tables and writes JSON.
+"""The default answer against the retrieval a user would pick, on the five development registries' test requests,
+plainly worded (their test splits) and need-describing (``NEEDS``' test halves) apart: the answers of ``tooltrie
+eval`` runs (the arm ``--ranker auto`` resolves to for the shipped adapter: fused, at the catalog's own weights on
+the catalog) paired, request by request, with dense retrieval, the lexical and hybrid priors, a plain BM25 over
+name + description (bm25s's defaults) and that BM25 and the dense scores z-scored and summed 1:1 (no model;
+``sweep_prior_loro.py``'s arms). Exact set and recall@k, k = 1 and k >= 2 apart, 95 % bootstrap intervals. Prints
+tables and writes JSON.
 
     .venv/bin/python bench/default_against_retrieval.py \\
-        --default bfcl=build/eval/bfcl:fused --default catalog=DIR_SINGLE:engine,DIR_MULTI:engine ... \\
-        -o bench/results/default-against-retrieval.json
+        --default bfcl=build/eval/bfcl:fused,build/eval/bfcl-needs-test:fused \\
+        --default catalog=build/eval/catalog-test:fused ... -o bench/results/default-against-retrieval.json
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from _common import print_table, write_results
+from sweep_fusion_adaptive import NEEDS, NeedSet
 from sweep_prior_loro import CACHE, GROUPS, REGISTRIES, Registryset, fuse, paired, per_query_rates
 
 from tooltrie.eval.compare import ArmAnswers
@@ -58,7 +60,8 @@ def default_rates(data: Registryset, specs: list[str]) -> dict[str, np.ndarray]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--default", action="append", required=True, metavar="REGISTRY=RESULTS:ARM[,RESULTS:ARM]",
-                        help="the default's answers for a registry's test split (repeat per registry)")
+                        help="the default's answers for a registry's test requests, plain and need-describing "
+                        "(repeat per registry)")
     parser.add_argument("-o", "--output", default=None,
                         help="JSON file (default bench/results/default-against-retrieval.json)")
     args = parser.parse_args(argv)
@@ -71,36 +74,40 @@ def main(argv: list[str] | None = None) -> int:
     rows, pair_rows = [], []
     for name, specs in defaults.items():
         registry = load_registry(registry_path(REGISTRIES[name][0]))
-        data = Registryset(name, Ranker(registry, embeddings_path=embeddings_path(
-            CACHE / f"{registry.sha256[:32]}.safetensors")))
-        queries, names = data.queries["test"], registry.names
-        per_arm = {arm: per_query_rates(scores, queries, names) for arm, scores in baseline_scores(data).items()}
-        per_arm["default"] = default_rates(data, specs)
-        ks = np.array([q.k for q in queries])
-        results[name] = {"default": specs, "arms": {}, "paired": {}}
-        best = max(BASELINES, key=lambda arm: (per_arm[arm]["exact"].mean(), per_arm[arm]["recall"].mean()))
-        for group, keep in GROUPS.items():
-            mask = np.array([keep(k) for k in ks])
-            if not mask.any():
-                continue
-            row: dict[str, Any] = {"registry": name, "k": group, "n": int(mask.sum())}
-            for arm, rates in per_arm.items():
-                results[name]["arms"].setdefault(arm, {})[group] = {r: float(rates[r][mask].mean())
-                                                                    for r in ("exact", "recall")}
-                row[arm] = f"{100 * rates['exact'][mask].mean():.1f} / {100 * rates['recall'][mask].mean():.1f}"
-            rows.append(row)
-            for other in (best, "plain BM25 + dense"):
-                cell = paired(per_arm["default"]["exact"][mask], per_arm[other]["exact"][mask],
-                              (list(REGISTRIES).index(name), list(GROUPS).index(group), BASELINES.index(other)))
-                results[name]["paired"].setdefault(f"default - {other}", {})[group] = cell
-                pair_rows.append({"registry": name, "k": group, "pair": f"default - {other}",
-                                  "exact diff": f"{100 * cell['difference']:+.1f}",
-                                  "95 % interval": f"{100 * cell['low']:+.1f} to {100 * cell['high']:+.1f}",
-                                  "better/worse": f"{cell['better']}/{cell['worse']}"})
+        ranker = Ranker(registry, embeddings_path=embeddings_path(CACHE / f"{registry.sha256[:32]}.safetensors"))
+        results[name] = {"default": specs}
+        for kind, data in (("plain", Registryset(name, ranker)), ("need", NeedSet(name, NEEDS[name], ranker))):
+            queries, names = data.queries["test"], registry.names
+            per_arm = {arm: per_query_rates(scores, queries, names) for arm, scores in baseline_scores(data).items()}
+            per_arm["default"] = default_rates(data, specs)
+            ks = np.array([q.k for q in queries])
+            cell: dict[str, Any] = {"arms": {}, "paired": {}}
+            best = max(BASELINES, key=lambda arm: (per_arm[arm]["exact"].mean(), per_arm[arm]["recall"].mean()))
+            for group, keep in GROUPS.items():
+                mask = np.array([keep(k) for k in ks])
+                if not mask.any():
+                    continue
+                row: dict[str, Any] = {"registry": name, "requests": kind, "k": group, "n": int(mask.sum())}
+                for arm, rates in per_arm.items():
+                    cell["arms"].setdefault(arm, {})[group] = {r: float(rates[r][mask].mean())
+                                                               for r in ("exact", "recall")}
+                    row[arm] = f"{100 * rates['exact'][mask].mean():.1f} / {100 * rates['recall'][mask].mean():.1f}"
+                rows.append(row)
+                for other in (best, "plain BM25 + dense"):
+                    pair = paired(per_arm["default"]["exact"][mask], per_arm[other]["exact"][mask],
+                                  (list(REGISTRIES).index(name), list(GROUPS).index(group), BASELINES.index(other),
+                                   ("plain", "need").index(kind)))
+                    cell["paired"].setdefault(f"default - {other}", {})[group] = pair
+                    pair_rows.append({"registry": name, "requests": kind, "k": group,
+                                      "pair": f"default - {other}",
+                                      "exact diff": f"{100 * pair['difference']:+.1f}",
+                                      "95 % interval": f"{100 * pair['low']:+.1f} to {100 * pair['high']:+.1f}",
+                                      "better/worse": f"{pair['better']}/{pair['worse']}"})
+            results[name][kind] = cell
     print_table(rows, title="test splits: exact set / recall@k (%)")
     print_table(pair_rows, title="paired: the default against the best retrieval arm and the plain 1:1 sum")
-    path = write_results("default-against-retrieval", settings={"registries": REGISTRIES, "baselines": BASELINES},
-                         results=results, out=args.output)
+    path = write_results("default-against-retrieval", settings={"registries": REGISTRIES, "needs": NEEDS, "baselines": BASELINES},
+                         results=results, out=args.output, compact=True)
     print(f"wrote {Path(path)}")
     return 0
 
