@@ -112,7 +112,7 @@ def request_args(artifact: str | os.PathLike[str], k: int, *, tools: Collection[
     >>> flat = request_args("d.trie.safetensors", 2, prior=made.scores, model_weight=made.model_weight,
     ...                     follow=made.follow, flat=True)
     >>> flat["tooltrie_query"], flat["tooltrie_follow"]
-    ('weather and news', [1.0, 1.0, 1.0])
+    ('weather and news', [1.0, 1.0, 0.5])
     """
     name = artifact if isinstance(artifact, str) and os.sep not in artifact else publish_artifact(artifact)
     args: dict[str, Any] = {"artifact": name, "k": int(k)}

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.encoders import MadeUpEncoder
 
-from tooltrie.lexical import BM25_PARAMETERS, STOPWORDS, LexicalIndex, identifier_words, tool_words
+from tooltrie.lexical import BM25_PARAMETERS, FIELD_WEIGHTS, STOPWORDS, LexicalIndex, identifier_words, tool_words
 from tooltrie.ranker import HYBRID, Ranker, lexical_path
 from tooltrie.registry import BFCL_PATH, CATALOG_PATH, load_registry, make_registry
 from tooltrie.registry.model import Parameter, Registry, Tool
@@ -164,10 +164,12 @@ def test_the_index_of_any_registry_is_bm25s_own_bit_for_bit(registry: Registry) 
 @SPLITS
 @given(st.lists(text, min_size=2, max_size=8))
 def test_a_tools_words_are_those_of_its_texts_joined(texts: list[str]) -> None:
-    """Each text is split on its own (and each distinct one once): the same words as all of them joined by spaces."""
+    """Each text is split on its own (and each distinct one once): the same words as all of them joined by spaces,
+    every field counted once."""
     name, description, *rest = texts
     tool = Tool(name, description, "x", parameters=tuple(Parameter(p) for p in rest))
-    assert tool_words(tool) == [w for w in identifier_words(" ".join(texts)) if w not in STOPWORDS]
+    once = dict.fromkeys(FIELD_WEIGHTS, 1)
+    assert tool_words(tool, fields=once) == [w for w in identifier_words(" ".join(texts)) if w not in STOPWORDS]
 
 
 def odd_registry() -> Registry:
@@ -222,11 +224,12 @@ def by_hand_z(values: list[float]) -> list[float]:
 TINY = make_registry([{"name": "getWeather"}, {"name": "convertCurrency"},
                       {"name": "weatherAlerts", "description": "storm warnings"}, {"name": "sendEmail"}], name="tiny")
 TINY_QUERY = "What are the weather alerts?"
-# Lucene's BM25 with k1 = 1.5, b = 0.75, by hand: idf(weather) = ln(1 + (4 - 2 + 0.5) / (2 + 0.5)) = ln 2,
-# idf(alerts) = ln(1 + (4 - 1 + 0.5) / (1 + 0.5)) = ln(10/3); a word found once in a tool of 2 words counts
-# 1 / (1 + 1.5 * (0.25 + 0.75 * 2 / 2.5)) = 1 / 2.275, in the tool of 4 words 1 / (1 + 1.5 * (0.25 + 0.75 * 4 / 2.5))
-# = 1 / 3.175.
-TINY_BM25 = [math.log(2) / 2.275, 0.0, (math.log(2) + math.log(10 / 3)) / 3.175, 0.0]
+# Lucene's BM25 with k1 = 3, b = 0.5, a name's words counted 3 times, by hand: the tools' lengths are 6, 6, 8 (3 x 2
+# name words and 2 description words) and 6, average 6.5; idf(weather) = ln(1 + (4 - 2 + 0.5) / (2 + 0.5)) = ln 2,
+# idf(alerts) = ln(1 + (4 - 1 + 0.5) / (1 + 0.5)) = ln(10/3); a name's word (3 occurrences) counts
+# 3 / (3 + 3 * (0.5 + 0.5 * 6 / 6.5)) = 26/51 in a tool of length 6 and 3 / (3 + 3 * (0.5 + 0.5 * 8 / 6.5)) = 26/55
+# in the tool of length 8.
+TINY_BM25 = [math.log(2) * 26 / 51, 0.0, (math.log(2) + math.log(10 / 3)) * 26 / 55, 0.0]
 # The query's cosines with the tools, by the vectors below: 0.8, 0, 0.6, -0.6 (mean 0.2, variance 1.2 / 4 = 0.3).
 TINY_VECTORS = {"getWeather": (0.8, 0.6), "convertCurrency": (0.0, 1.0), "weatherAlerts: storm warnings": (0.6, 0.8),
                 "sendEmail": (-0.6, 0.8), TINY_QUERY: (1.0, 0.0)}
@@ -238,11 +241,12 @@ def test_the_priors_of_a_tiny_registry_are_the_numbers_worked_out_by_hand() -> N
     not against the module's own helpers: the tool whose name holds the query's words leads the lexical prior, the
     nearest embedding leads the dense one, and the hybrid prior is the dense z-scores plus ``HYBRID``'s weight times
     the lexical ones."""
-    assert (BM25_PARAMETERS["k1"], BM25_PARAMETERS["b"]) == (1.5, 0.75)  # the constants the numbers above use
+    assert (BM25_PARAMETERS["k1"], BM25_PARAMETERS["b"], FIELD_WEIGHTS) == (  # the constants the numbers above use
+        3.0, 0.5, {"name": 3, "description": 1, "parameters": 1})
     ranker = Ranker(TINY, encoder=WrittenOutEncoder(TINY_VECTORS))
     np.testing.assert_allclose(ranker.lexical.scores(TINY_QUERY), TINY_BM25, rtol=1e-6)
     lexical_z = by_hand_z(TINY_BM25)
-    np.testing.assert_allclose(lexical_z, [0.31885, -0.90883, 1.49880, -0.90883], atol=1e-5)  # by hand, rounded
+    np.testing.assert_allclose(lexical_z, [0.11127, -0.85190, 1.59253, -0.85190], atol=1e-5)  # by hand, rounded
     expected = {"lexical": lexical_z, "dense": TINY_DENSE_Z,
                 "hybrid": [HYBRID["dense"] * d + HYBRID["lexical"] * lex
                            for d, lex in zip(TINY_DENSE_Z, lexical_z, strict=True)]}

@@ -289,7 +289,7 @@ def drive_greedily(runner: V2Runner, oracle: TrieBatch, slots: list[int], torch_
 FOLLOWED = ("what is the weather in Paris and the news about flights there",
             "convert dollars to euros, then find a cheap hotel and a restaurant",
             "I want to buy a house and need a mortgage calculator and a moving company",
-            "search the web for recipes and send the list by email")
+            "find house renting offers and a recipe for dinner")
 
 
 def following_requests(artifact: Artifact, prior: str) -> list[tuple[Prior, int]]:
@@ -301,10 +301,10 @@ def following_requests(artifact: Artifact, prior: str) -> list[tuple[Prior, int]
 
 
 def discounting(made: Prior) -> Prior:
-    """``made`` with the chosen tools' words counting a quarter: a follow-up that moves a lexical prior too (the
-    shipped ``FOLLOW`` discounts no word, and a lexical prior keeps its weight: it would not move)."""
+    """``made`` with the chosen tools' words no longer counting: a follow-up that surely moves a lexical prior (the
+    shipped ``FOLLOW`` discounts them by half, and a lexical prior keeps its weight: it may not move these)."""
     assert made.follow is not None
-    return replace(made, follow=replace(made.follow, covered=0.25))
+    return replace(made, follow=replace(made.follow, covered=0.0))
 
 
 def answers_through_v2(artifact: Artifact, artifact_path: str, requests: list[tuple[Prior, int]], *,
