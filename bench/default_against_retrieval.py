@@ -106,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             results[name][kind] = cell
     print_table(rows, title="test splits: exact set / recall@k (%)")
     print_table(pair_rows, title="paired: the default against the best retrieval arm and the plain 1:1 sum")
-    path = write_results("default-against-retrieval", settings={"registries": REGISTRIES, "needs": NEEDS, "baselines": BASELINES},
-                         results=results, out=args.output, compact=True)
+    settings = {"registries": REGISTRIES, "needs": NEEDS, "baselines": BASELINES}
+    path = write_results("default-against-retrieval", settings=settings, results=results, out=args.output, compact=True)
     print(f"wrote {Path(path)}")
     return 0
 

@@ -49,8 +49,8 @@ Table = dict[Any, dict[str, tuple[float, float]]]  # setting -> registry -> (exa
 
 
 def describe(setting: Setting) -> str:
-    k1, b, (name, description, parameters) = setting
-    return f"k1 {k1:g}, b {b:g}, name {name}"
+    k1, b, fields = setting
+    return f"k1 {k1:g}, b {b:g}, name {fields[0]}"
 
 
 def best(table: Table, registries: Sequence[str]) -> Any:
@@ -144,9 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         others = [o for o in names if o != held]
         lexical_choice = best(lexical, others)
         weight = best(hybrid[lexical_choice], others)
+        means = [100 * np.mean([table[o][0] for o in others]) for table in (lexical[lexical_choice],
+                                                                             hybrid[lexical_choice][weight])]
         choice_rows.append({"held out": held, "lexical": describe(lexical_choice), "hybrid weight": f"{weight:g}",
-                            "validation mean (others)": f"{100 * np.mean([lexical[lexical_choice][o][0] for o in others]):.1f}"
-                            f" / {100 * np.mean([hybrid[lexical_choice][weight][o][0] for o in others]):.1f}"})
+                            "validation mean (others)": f"{means[0]:.1f} / {means[1]:.1f}"})
         if held == "all five":
             results["all five"] = {"lexical": describe(lexical_choice), "k1": lexical_choice[0],
                                    "b": lexical_choice[1], "fields": lexical_choice[2], "hybrid weight": weight}
@@ -156,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             plain = {arm: sets.rates("plain", held, split, lexical_choice if arm == "chosen" else PREVIOUS,
                                      arm=arm if arm in ("plain BM25", "dense") else None)
                      for arm in ("chosen", "previous", "plain BM25", "dense")}
-            cell: dict[str, Any] = {"lexical": {arm: rate_cells(sets, held, split, "plain", r) for arm, r in plain.items()},
+            cell: dict[str, Any] = {"lexical": {arm: rate_cells(sets, held, split, "plain", r)
+                                                for arm, r in plain.items()},
                                     "lexical - plain BM25": paired_cells(sets, held, split, "plain", plain["chosen"],
                                                                          plain["plain BM25"], seed),
                                     "lexical - previous": paired_cells(sets, held, split, "plain", plain["chosen"],
