@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 title="the pre-filter's top N by the lexical prior (median ms per request, arms taking turns)")
     path = write_results("lexical", settings={"sizes": args.sizes, "repeats": args.repeats,
                                               "queries": len(queries), "targets": TARGETS, "top_n": args.top_n},
-                         results=results, out=args.output)
+                         results=results, out=args.output, compact=True)
     print(f"wrote {path}")
     return 0
 

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mean difference over the five registries (points): {results['mean difference over the five']}")
     path = write_results("follow-fused", settings={"registries": REGISTRIES, "batch": args.batch,
                                                    "arms": "fused (the shipped adapter, the registry's weights)"},
-                         results=results, out=args.output)
+                         results=results, out=args.output, compact=True)
     print(f"wrote {Path(path)}")
     return 0
 
