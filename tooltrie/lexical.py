@@ -41,7 +41,7 @@ __all__ = ["BM25_PARAMETERS", "FIELDS", "FIELD_WEIGHTS", "STOPWORDS", "VERSION",
 # Bumped whenever the words or the scoring change, so that a kept index of an older kind is built afresh.
 VERSION = "3"
 # Lucene's BM25. k1 3 lets a word's repeats (a name's word counted three times, below) keep adding to its score where
-# bm25s's default 1.5 would have it saturate; b 0.5 penalises long parameter lists half as much as the default 0.75.
+# bm25s's default 1.5 would have it saturate; b 0.5 (0.75 by default) penalises a long parameter list less.
 BM25_PARAMETERS: dict[str, Any] = {"k1": 3.0, "b": 0.5, "method": "lucene"}
 # A tool's fields, in the order its texts are read: its name; its description; its parameters' names, descriptions
 # and enum values.
