@@ -290,7 +290,7 @@ class Ranker:
         later = FOLLOW["lexical"] if "dense" in parts else parts["lexical"]
         index = self.lexical
         return FollowUp(first, query, index, self.registry.tools,
-                        retrieval * parts["lexical"], retrieval * later)
+                        retrieval * parts["lexical"], retrieval * later, FOLLOW["covered"])
 
     def prior_scores(self, queries: list[str], prior: str | None = None) -> npt.NDArray[np.float32]:
         """[len(queries), tools] the prior (``PRIORS``; None: the ranker's own), z-scores per query."""
