@@ -46,8 +46,8 @@ FLAT_TOOLS_KEY = "tooltrie_tools"
 FLAT_PRIOR_KEY = "tooltrie_prior"  # one float per tool, already weighted (``tooltrie.ranker.Prior.scores``)
 FLAT_WEIGHT_KEY = "tooltrie_model_weight"  # the model's weight beside it (``Prior.model_weight``)
 # How the prior follows the answer (``Prior.follow``, a ``tooltrie.ranker.FollowUp``): the request's text, and its
-# three numbers [lexical_weight, later_weight, covered]; the processor rebuilds the follow-up from them, the prior sent
-# and the lexical index of the artifact's registry.
+# four numbers [lexical_weight, later_weight, covered, chain_weight]; the processor rebuilds the follow-up from them,
+# the prior sent, the lexical index and the chains of the artifact's registry.
 FLAT_QUERY_KEY = "tooltrie_query"
 FLAT_FOLLOW_KEY = "tooltrie_follow"
 FLAT_KEYS = {FLAT_ARTIFACT_KEY: "artifact", FLAT_K_KEY: "k", FLAT_TOOLS_KEY: "tools", FLAT_PRIOR_KEY: "prior",
@@ -67,6 +67,9 @@ FAILED_TTL_S = 5.0
 FAILED_NAMES = 1024
 
 
+Follow = tuple[float, float, float, float]  # FollowUp's lexical_weight, later_weight, covered, chain_weight
+
+
 @dataclass(frozen=True)
 class RequestArgs:
     artifact: str  # the artifact's name in the root
@@ -76,7 +79,7 @@ class RequestArgs:
     prior: tuple[float, ...] | None = None  # the fused ranker's prior, one per tool (weighted); None: no ranker
     model_weight: float = 1.0  # the model's weight beside the prior
     query: str | None = None  # the request's text, which the prior that follows the answer reads; None: no follow-up
-    follow: tuple[float, float, float] | None = None  # FollowUp's lexical_weight, later_weight, covered; None: none
+    follow: Follow | None = None  # how the prior follows the answer; None: it does not
 
 
 def artifact_root() -> Path:
@@ -96,7 +99,7 @@ def request_args(artifact: str | os.PathLike[str], k: int, *, tools: Collection[
     given) under an artifact, ranked by the fused ranker when ``prior`` (a float per tool, already weighted) is
     given, beside the model's scores weighted by ``model_weight``; with ``follow`` too (``Prior.follow``, a
     ``tooltrie.ranker.FollowUp`` of that prior), the prior follows the answer as in process: its request's text and
-    its three numbers travel (``query``, ``follow``). ``flat``: as top-level keys, the form vLLM's OpenAI server can
+    its four numbers travel (``query``, ``follow``). ``flat``: as top-level keys, the form vLLM's OpenAI server can
     carry in a request's ``vllm_xargs``. ``artifact`` is a name in the processor's root (a string without a
     separator), or a file (a path), which is then copied there under its content's name (:func:`publish_artifact`)
     and named.
@@ -112,7 +115,7 @@ def request_args(artifact: str | os.PathLike[str], k: int, *, tools: Collection[
     >>> flat = request_args("d.trie.safetensors", 2, prior=made.scores, model_weight=made.model_weight,
     ...                     follow=made.follow, flat=True)
     >>> flat["tooltrie_query"], flat["tooltrie_follow"]
-    ('weather and news', [1.0, 1.0, 0.5])
+    ('weather and news', [1.0, 1.0, 0.5, 3.0])
     """
     name = artifact if isinstance(artifact, str) and os.sep not in artifact else publish_artifact(artifact)
     args: dict[str, Any] = {"artifact": name, "k": int(k)}
@@ -125,7 +128,8 @@ def request_args(artifact: str | os.PathLike[str], k: int, *, tools: Collection[
             raise ValueError("request_args: 'follow' without 'prior' (the prior that follows the answer starts from "
                              "the request's prior, follow.first)")
         args["query"] = str(follow.query)
-        args["follow"] = [float(follow.lexical_weight), float(follow.later_weight), float(follow.covered)]
+        args["follow"] = [float(follow.lexical_weight), float(follow.later_weight), float(follow.covered),
+                          float(follow.chain_weight)]
     if flat:
         return {flat_key: args[key] for flat_key, key in FLAT_KEYS.items() if key in args}
     return {EXTRA_ARGS_KEY: args}
@@ -227,10 +231,10 @@ def _ranker_args(args: dict[str, Any], n_tools: int, where: str) -> tuple[tuple[
     return tuple(values.tolist()), float(weight)
 
 
-def _follow_args(args: dict[str, Any], where: str) -> tuple[str | None, tuple[float, float, float] | None]:
-    """How the prior follows the answer: the request's text (``query``) and ``follow``'s three finite numbers
-    (``FollowUp``'s lexical_weight, later_weight, covered), or neither. Each needs the other, and both a prior (the
-    follow-up starts from it); the ranker's own checks (``_ranker_args``) come first."""
+def _follow_args(args: dict[str, Any], where: str) -> tuple[str | None, Follow | None]:
+    """How the prior follows the answer: the request's text (``query``) and ``follow``'s four finite numbers
+    (``FollowUp``'s lexical_weight, later_weight, covered, chain_weight), or neither. Each needs the other, and both
+    a prior (the follow-up starts from it); the ranker's own checks (``_ranker_args``) come first."""
     query, follow = args.get("query"), args.get("follow")
     if follow is None:
         if "query" in args:
@@ -245,25 +249,27 @@ def _follow_args(args: dict[str, Any], where: str) -> tuple[str | None, tuple[fl
                          "text)")
     if not isinstance(query, str):
         raise ValueError(f"{where}: 'query' must be the request's text (a string), got {_shown(query)}")
-    if not (isinstance(follow, list) and len(follow) == 3 and all(map(_number, follow))):
-        raise ValueError(f"{where}: 'follow' must be three finite numbers [lexical_weight, later_weight, covered], "
-                         f"got {_shown(follow)}")
-    lexical_weight, later_weight, covered = (float(value) for value in follow)
-    return query, (lexical_weight, later_weight, covered)
+    if not (isinstance(follow, list) and len(follow) == 4 and all(map(_number, follow))):
+        raise ValueError(f"{where}: 'follow' must be four finite numbers [lexical_weight, later_weight, covered, "
+                         f"chain_weight], got {_shown(follow)}")
+    lexical_weight, later_weight, covered, chain_weight = (float(value) for value in follow)
+    return query, (lexical_weight, later_weight, covered, chain_weight)
 
 
 def follow_up(args: RequestArgs, artifact: Artifact) -> FollowUp | None:
     """The request's prior that follows its answer (``tooltrie.ranker.FollowUp``), made as in process from what the
-    request sent (the prior, float32 as sent, its text and three numbers) and the lexical index of ``artifact``'s
-    registry (:meth:`ArtifactNames.lexical`, built as ``Ranker.lexical`` builds it); None when it sent none."""
+    request sent (the prior, float32 as sent, its text and four numbers), the lexical index of ``artifact``'s
+    registry (:meth:`ArtifactNames.lexical`, built as ``Ranker.lexical`` builds it) and its chains
+    (``Chains.of``, as the ranker's); None when it sent none."""
     if args.follow is None or args.prior is None or args.query is None:
         return None
+    from tooltrie.chains import Chains
     from tooltrie.ranker import FollowUp
 
-    lexical_weight, later_weight, covered = args.follow
+    lexical_weight, later_weight, covered, chain_weight = args.follow
     index = ARTIFACTS.lexical(args.artifact, artifact)
     return FollowUp(np.asarray(args.prior, dtype=np.float32), args.query, index, artifact.registry.tools,
-                    lexical_weight, later_weight, covered)
+                    lexical_weight, later_weight, covered, Chains.of(artifact.registry), chain_weight)
 
 
 PRIOR_PREFIX = "f32:"  # a prior as text: this, then the base64 of its little-endian float32 values

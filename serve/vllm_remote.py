@@ -308,7 +308,7 @@ class RemoteEngine:
 
 def _prior_args(prior: Prior | None) -> dict[str, Any]:
     """``request_args``' prior for vLLM's processor: the scores, already weighted, the model's weight, and how the
-    prior follows the answer where it does (``Prior.follow``: the request's text and its three numbers travel); none
+    prior follows the answer where it does (``Prior.follow``: the request's text and its four numbers travel); none
     for the model alone."""
     if prior is None or prior.scores is None:
         return {}

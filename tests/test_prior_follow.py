@@ -5,13 +5,15 @@
   not follow;
 - the decode ranked by a following prior alone (the model's weight 0) answers, on every backend, its greedy top k
   (``FollowUp.top``): each tool the best by the prior made from the tools before it; and that answer is not always
-  the static top k;
+  the static top k, nor (on a registry with chains, ``tooltrie/chains.py``) the answer without chains;
 - the first tool's prior is the request's own; bad input (a request of stop words, one-word names, no
   descriptions, k beyond what the request names) gives finite priors and k distinct tools; a follow-up that fails
   fails its own row only.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -32,6 +34,10 @@ QUERIES = ("what is the weather in Paris and the news about flights there",
            "search the web for recipes and send the list by email",
            "I want to buy a house and need a mortgage calculator and a moving company",
            "translate this text to French and read it aloud")
+# RestBench's TMDB: requests that name the end of a chain (``tooltrie/chains.py``)
+CHAIN_QUERIES = ("Who starred in the movie Titanic and where was its lead actor born?",
+                 "Give me reviews and similar shows for the TV series Breaking Bad",
+                 "What are the latest movie credits of Christopher Nolan?")
 BACKENDS = ["reference", "cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not (config.ENABLE_CUDASIM or cuda.is_available()), reason="no GPU and NUMBA_ENABLE_CUDASIM is not set"))]
 
@@ -39,8 +45,8 @@ BACKENDS = ["reference", "cpu", pytest.param("cuda", marks=pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def artifacts() -> dict[str, Artifact]:
     tokenizer = TokenizerInfo.load("smollm2-135m")
-    return {name: compile_registry(load_registry(path), tokenizer)
-            for name, path in (("catalog", CATALOG_PATH), ("bfcl", registry_path("bfcl")))}
+    return {name: compile_registry(load_registry(path), tokenizer) for name, path in (
+        ("catalog", CATALOG_PATH), ("bfcl", registry_path("bfcl")), ("tmdb", registry_path("restbench-tmdb")))}
 
 
 def brute_force(follow: FollowUp, tools: tuple[int, ...]) -> np.ndarray:
@@ -99,10 +105,11 @@ def decode(artifact: Artifact, backend: str, k: int, prior: np.ndarray, follow: 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_decode_ranked_by_a_following_prior_alone_answers_its_greedy_top_k(artifacts: dict[str, Artifact],
                                                                               backend: str) -> None:
-    moved = 0
+    moved, chained = 0, 0
     for name, artifact in artifacts.items():
         ranker = Ranker(artifact.registry, fused=PRIOR_ALONE, encoder=MadeUpEncoder())  # no two priors tie
-        for query in QUERIES if backend != "cuda" else QUERIES[:2]:
+        queries = CHAIN_QUERIES if name == "tmdb" else QUERIES
+        for query in queries if backend != "cuda" else queries[:2]:
             made = ranker.row(query, "fused")
             assert made.follow is not None and made.scores is not None
             for k in (2, 3):
@@ -111,7 +118,8 @@ def test_the_decode_ranked_by_a_following_prior_alone_answers_its_greedy_top_k(a
                 static = [int(t) for t in np.argsort(-made.scores, kind="stable")[:k]]
                 assert decode(artifact, backend, k, made.scores, None) == static, (name, query, k)
                 moved += got != static
-    assert moved > 0  # the follow-up changed some answers
+                chained += got != replace(made.follow, chains=None).top(k)
+    assert moved > 0 and chained > 0  # the follow-up changed some answers, and its chains some more
 
 
 def test_bad_input_gives_finite_priors_and_k_distinct_tools() -> None:

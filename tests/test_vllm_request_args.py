@@ -117,30 +117,31 @@ BAD_EXTRA_ARGS = [  # (extra_args, the error's words); "{name}" stands for a rea
       "tooltrie_model_weight": float("inf")}, "'model_weight' must be a finite number"),
     ({"tooltrie": {"artifact": "{name}", "k": 1, "prior": [0.0] * 47, "model_weight": "1"}},
      "'model_weight' must be a finite number"),
-    # how the prior follows the answer: the request's text and three finite numbers, with a prior
-    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_query": "weather", "tooltrie_follow": [1.0, 1.0, 0.25]},
-     "extra_args: 'follow' without 'prior'"),
-    ({"tooltrie": {"artifact": "{name}", "k": 2, "query": "weather", "follow": [1.0, 1.0, 0.25]}},
+    # how the prior follows the answer: the request's text and four finite numbers, with a prior
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_query": "weather",
+      "tooltrie_follow": [1.0, 1.0, 0.25, 3.0]}, "extra_args: 'follow' without 'prior'"),
+    ({"tooltrie": {"artifact": "{name}", "k": 2, "query": "weather", "follow": [1.0, 1.0, 0.25, 3.0]}},
      "extra_args['tooltrie']: 'follow' without 'prior'"),
-    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_prior": [0.0] * 47, "tooltrie_follow": [1, 1, 0.25]},
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_prior": [0.0] * 47, "tooltrie_follow": [1, 1, 0.25, 3]},
      "extra_args: 'follow' without 'query'"),
-    ({"tooltrie": {"artifact": "{name}", "k": 2, "prior": [0.0] * 47, "follow": [1.0, 1.0, 0.25]}},
+    ({"tooltrie": {"artifact": "{name}", "k": 2, "prior": [0.0] * 47, "follow": [1.0, 1.0, 0.25, 3.0]}},
      "extra_args['tooltrie']: 'follow' without 'query'"),
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_prior": [0.0] * 47, "tooltrie_query": "weather"},
      "extra_args: 'query' without 'follow'"),
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_query": "weather"}, "'query' without 'follow'"),
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_prior": [0.0] * 47, "tooltrie_query": ["weather"],
-      "tooltrie_follow": [1.0, 1.0, 0.25]}, "extra_args: 'query' must be the request's text (a string)"),
-    ({"tooltrie": {"artifact": "{name}", "k": 2, "prior": [0.0] * 47, "query": 3, "follow": [1.0, 1.0, 0.25]}},
+      "tooltrie_follow": [1.0, 1.0, 0.25, 3.0]}, "extra_args: 'query' must be the request's text (a string)"),
+    ({"tooltrie": {"artifact": "{name}", "k": 2, "prior": [0.0] * 47, "query": 3, "follow": [1.0, 1.0, 0.25, 3.0]}},
      "extra_args['tooltrie']: 'query' must be the request's text"),
     *[({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_prior": [0.0] * 47, "tooltrie_query": "weather",
-        "tooltrie_follow": follow}, "extra_args: 'follow' must be three finite numbers")
-      for follow in ([1.0, 1.0], [1.0, 1.0, 0.25, 1.0], [1.0, float("nan"), 0.25], [1.0, 1.0, float("inf")],
-                     [1.0, "1", 0.25], [True, 1.0, 0.25], 0.25, "1,1,0.25", [])],
+        "tooltrie_follow": follow}, "extra_args: 'follow' must be four finite numbers")
+      for follow in ([1.0, 1.0, 0.25], [1.0, 1.0, 0.25, 3.0, 1.0], [1.0, float("nan"), 0.25, 3.0],
+                     [1.0, 1.0, 0.25, float("inf")], [1.0, "1", 0.25, 3.0], [True, 1.0, 0.25, 3.0], 0.25,
+                     "1,1,0.25,3", [])],
     ({"tooltrie": {"artifact": "{name}", "k": 2, "prior": [0.0] * 47, "query": "weather",
-                   "follow": {"covered": 0.25}}}, "extra_args['tooltrie']: 'follow' must be three finite numbers"),
+                   "follow": {"covered": 0.25}}}, "extra_args['tooltrie']: 'follow' must be four finite numbers"),
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_prior": [0.0] * 47, "tooltrie_query": "weather",
-      "tooltrie_follows": [1.0, 1.0, 0.25]}, "unknown key 'tooltrie_follows'"),
+      "tooltrie_follows": [1.0, 1.0, 0.25, 3.0]}, "unknown key 'tooltrie_follows'"),
 ]
 
 
@@ -165,22 +166,23 @@ def lexical_prior(query: str, prior: str = "lexical") -> Prior:
 
 @pytest.mark.parametrize("prior", ["lexical", "hybrid"])
 def test_how_the_prior_follows_the_answer_travels_flat_or_nested(name: str, prior: str) -> None:
-    """``request_args(follow=Prior.follow)`` sends the request's text and the follow-up's three numbers, each exactly:
+    """``request_args(follow=Prior.follow)`` sends the request's text and the follow-up's four numbers, each exactly:
     the processor rebuilds the same follow-up from them (``follow_up``, ``test_vllm_rows_artifacts.py``)."""
     made = lexical_prior("the weather in Paris and the news about flights", prior)
     follow = made.follow
     assert follow is not None and made.scores is not None
     flat = request_args(name, 2, prior=made.scores, model_weight=made.model_weight, follow=follow, flat=True)
     assert flat["tooltrie_query"] == follow.query
-    assert flat["tooltrie_follow"] == [follow.lexical_weight, follow.later_weight, follow.covered]
+    weights = (follow.lexical_weight, follow.later_weight, follow.covered, follow.chain_weight)
+    assert flat["tooltrie_follow"] == list(weights) and follow.chain_weight > 0
     expected = RequestArgs(artifact=name, k=2, prior=tuple(made.scores.tolist()), model_weight=made.model_weight,
-                           query=follow.query, follow=(follow.lexical_weight, follow.later_weight, follow.covered))
+                           query=follow.query, follow=weights)
     nested = request_args(name, 2, prior=made.scores, model_weight=made.model_weight, follow=follow)
     assert nested["tooltrie"]["query"] == follow.query and nested["tooltrie"]["follow"] == flat["tooltrie_follow"]
     assert parse(flat) == parse(nested) == parse(json.loads(json.dumps(flat))) == expected  # as JSON carries it
-    assert parse({**flat, "tooltrie_follow": [1, 2, 0]}) == RequestArgs(  # ints are numbers too
+    assert parse({**flat, "tooltrie_follow": [1, 2, 0, 3]}) == RequestArgs(  # ints are numbers too
         artifact=name, k=2, prior=expected.prior, model_weight=made.model_weight, query=follow.query,
-        follow=(1.0, 2.0, 0.0))
+        follow=(1.0, 2.0, 0.0, 3.0))
     without = request_args(name, 2, prior=made.scores, model_weight=made.model_weight, flat=True)
     assert "tooltrie_query" not in without and "tooltrie_follow" not in without
     assert parse(without) == RequestArgs(artifact=name, k=2, prior=expected.prior, model_weight=made.model_weight)

@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # numpy is imported where it is used: the CLI reads this modu
     import numpy as np
     import numpy.typing as npt
 
+    from tooltrie.chains import Chains
     from tooltrie.compiler.artifact import Artifact
     from tooltrie.lexical import LexicalIndex
     from tooltrie.registry.model import Registry, Tool
@@ -74,8 +75,10 @@ HYBRID = {"dense": 1.0, "lexical": 0.15}
 # of k = 2, each kind counting the same; each registry held out in turn, the choice made on the other four is scored
 # on it (bench/sweep_prior_follow.py --kinds plain,need; docs/benchmarks.md#the-prior-follows-the-answer). A covered
 # word counts half; the later tools lean a little more on the request's words than the first (0.2 against 0.15):
-# need-describing pairs lose their second tool when they lean more.
-FOLLOW = {"covered": 0.5, "lexical": 0.2}
+# need-describing pairs lose their second tool when they lean more. ``chains``: the bonus, in the prior's z units, of
+# a tool that finds an identifier a chosen tool requires (``tooltrie/chains.py``); chosen the same way on the same
+# requests (bench/sweep_follow_chains.py; docs/benchmarks.md#chains-a-request-does-not-name).
+FOLLOW = {"covered": 0.5, "lexical": 0.2, "chains": 3.0}
 
 
 class RankerError(TooltrieError, ValueError):
@@ -116,8 +119,10 @@ class FollowUp:
     its next tool. The first tool's prior (``first``) holds the lexical z-scores at ``lexical_weight``; for a later
     tool they are scored again, the words of the request (``query``) that the chosen tools' names hold counting
     ``covered`` times, weighed ``later_weight``: a request of several needs names the first in words the first
-    tool's name answers, and what it still asks for in the others. Made with the request's prior, when it is
-    admitted; then each committed tool costs one pass over the request's postings and two arrays of the tools
+    tool's name answers, and what it still asks for in the others. The tools that find an identifier a chosen tool
+    requires and no chosen tool finds (``chains``, ``tooltrie/chains.py``) gain ``chain_weight``: a request names
+    the end of a chain, not the search that starts it. Made with the request's prior, when it is admitted; then each
+    committed tool costs one pass over the request's postings and two arrays of the tools
     (``bench/bench_lexical.py``).
 
     >>> import numpy as np
@@ -139,6 +144,8 @@ class FollowUp:
     lexical_weight: float
     later_weight: float
     covered: float = FOLLOW["covered"]
+    chains: Chains | None = None
+    chain_weight: float = 0.0
     words: list[int] = field(init=False)  # the request's words, as the lexical index reads them
     _rest: npt.NDArray[np.float32] = field(init=False, repr=False)  # ``first`` less its lexical part
     _lexical: npt.NDArray[np.float32] = field(init=False, repr=False)  # the first tool's lexical z-scores
@@ -163,8 +170,9 @@ class FollowUp:
             covered = {word for tool in tools for word in self.index.words(self.tools[tool].name)}
             weights = [self.covered if word in covered else 1.0 for word in self.words]
             lexical = standardized(self.index.weighted_scores(self.words, weights)[None])[0]
-        later = self.later_weight * lexical
-        prior: npt.NDArray[np.float32] = (self._rest + later).astype(np.float32)
+        prior: npt.NDArray[np.float32] = (self._rest + self.later_weight * lexical).astype(np.float32)
+        if self.chains is not None and self.chain_weight:
+            prior[self.chains.wanted(tools)] += np.float32(self.chain_weight)
         return prior
 
     def top(self, k: int) -> list[int]:
@@ -287,10 +295,11 @@ class Ranker:
         parts = prior_parts(prior or self.prior)
         if not self.follow or "lexical" not in parts:
             return None
+        from tooltrie.chains import Chains
+
         later = FOLLOW["lexical"] if "dense" in parts else parts["lexical"]
-        index = self.lexical
-        return FollowUp(first, query, index, self.registry.tools,
-                        retrieval * parts["lexical"], retrieval * later, FOLLOW["covered"])
+        return FollowUp(first, query, self.lexical, self.registry.tools, retrieval * parts["lexical"],
+                        retrieval * later, FOLLOW["covered"], Chains.of(self.registry), retrieval * FOLLOW["chains"])
 
     def prior_scores(self, queries: list[str], prior: str | None = None) -> npt.NDArray[np.float32]:
         """[len(queries), tools] the prior (``PRIORS``; None: the ranker's own), z-scores per query."""
