@@ -30,6 +30,7 @@ parameters, or no search tools, has no chains, and its prior is what it was.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -52,6 +53,7 @@ NOT_ENTITIES = frozenset(("get", "put", "post", "patch", "delete", "list", "set"
 KEPT = 8  # registries whose chains are kept (a new version of a registry is a new entry)
 
 
+@functools.lru_cache(maxsize=65536)
 def singular(word: str) -> str:
     """A plural's simple singular, so that ``movies`` and ``movie_id`` name one entity.
 
@@ -65,11 +67,17 @@ def _entities(text: str) -> list[str]:
     return [singular(word) for word in identifier_words(text) if word not in STOPWORDS and word not in NOT_ENTITIES]
 
 
+@functools.lru_cache(maxsize=65536)
+def _words(name: str) -> tuple[str, ...]:
+    """A parameter's words (``identifier_words``), remembered: a registry repeats its parameters' names."""
+    return tuple(identifier_words(name))
+
+
 def needed(tool: Tool) -> frozenset[str]:
     """The entities whose identifiers ``tool`` requires."""
     entities = set()
     for parameter in tool.parameters:
-        words = identifier_words(parameter.name)
+        words = _words(parameter.name)
         if not parameter.required or not words or words[-1] not in IDENTIFIER:
             continue
         named = [singular(word) for word in words[:-1] if word not in STOPWORDS]
@@ -82,9 +90,9 @@ def needed(tool: Tool) -> frozenset[str]:
 
 def searches(tool: Tool) -> bool:
     """Whether ``tool`` looks things up by free text: a required parameter of that kind, or "search" in its name."""
-    return "search" in identifier_words(tool.name) or any(
-        parameter.required and FREE_TEXT.intersection(identifier_words(parameter.name))
-        for parameter in tool.parameters)
+    return any(parameter.required and FREE_TEXT.intersection(_words(parameter.name))
+               for parameter in tool.parameters) or (
+        "search" in tool.name.lower() and "search" in identifier_words(tool.name))  # the cheap test first
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: it holds arrays
