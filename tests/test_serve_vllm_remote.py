@@ -396,7 +396,7 @@ def test_a_ranked_request_sends_its_prior_and_answers_as_in_process(tmp_path: Pa
             assert sent["tooltrie_prior"].startswith("f32:")  # the float32 scores in base64: 4 bytes a tool
             assert len(base64.b64decode(sent["tooltrie_prior"][4:])) == 4 * 47
             assert sent["tooltrie_model_weight"] == here.json()["ranker"]["model"]
-            assert sent["tooltrie_query"] == query and len(sent["tooltrie_follow"]) == 3
+            assert sent["tooltrie_query"] == query and len(sent["tooltrie_follow"]) == 4
         assert len(vllm.unfollowed) == len(asks) and any(vllm.unfollowed), vllm.unfollowed
         plain = remote.post("/v1/discover", json={"query": QUERIES[0], "k": 1, "ranker": "model"})
         sent = vllm.requests[-1]["vllm_xargs"]
