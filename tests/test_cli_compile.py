@@ -10,7 +10,7 @@ import pytest
 
 from tooltrie.cli import main
 from tooltrie.compiler import Artifact, Contract, TokenizerInfo
-from tooltrie.registry import BFCL_PATH, CATALOG_PATH, load_registry
+from tooltrie.registry import BFCL_PATH, CATALOG_PATH, OPENAPI_DIR, load_registry
 
 REGISTRY = """\
 name: demo
@@ -64,7 +64,9 @@ def test_compile_then_inspect(registry_file: Path, tmp_path: Path, capsys: pytes
     assert summary["tools"] == [{"name": "get_weather", "pointer": "demo/get_weather"},
                                 {"name": "get_weather_forecast", "pointer": "demo/get_weather_forecast"},
                                 {"name": "send_email", "pointer": "mcp://mail/send_email"}]
-    assert next(iter(summary)) == "placement"  # placement comes first in the printed JSON
+    assert next(iter(summary)) == "placement"  # placement comes first in the printed JSON, the tools last
+    assert list(summary)[-2:] == ["chains", "tools"]
+    assert summary["chains"] == {"tools needing an identifier": 0, "found": {}, "not found": []}
     tok = summary["tokenizer"]
     assert isinstance(tok, dict)
     assert tok["fingerprint"] == tokenizer.fingerprint
@@ -99,6 +101,17 @@ def test_inspect_reports_global_placement_for_bfcl(tmp_path: Path, capsys: pytes
     trie = summary["trie"]
     assert isinstance(trie, dict)
     assert trie["fits_constant_memory"] is False and trie["tools"] == 1853
+
+
+def test_inspect_shows_the_chains_of_an_openapi_registry(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """TMDB's OpenAPI document: 33 operations take a path id; its five searches find five of the eight entities."""
+    out = tmp_path / "tmdb.safetensors"
+    assert main(["compile", str(OPENAPI_DIR / "tmdb.json"), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert _inspect(out, capsys)["chains"] == {
+        "tools needing an identifier": 33,
+        "found": {entity: [f"GET_search-{entity}"] for entity in ("collection", "company", "movie", "person", "tv")},
+        "not found": ["credit", "network", "review"]}
 
 
 def test_default_tokenizer_is_smollm2(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -130,6 +130,22 @@ class Chains:
                 _kept.popitem(last=False)
         return chains
 
+    def describe(self, names: Sequence[str]) -> dict[str, object]:
+        """What ``tooltrie inspect`` prints: how many tools need an identifier, each needed entity's finders by
+        name, and the entities nothing finds.
+
+        >>> from tooltrie.registry import make_registry
+        >>> registry = make_registry([{"name": "get_order", "parameters": [{"name": "orderId", "required": True}]},
+        ...                           {"name": "search_orders"}, {"name": "get_user", "parameters": [
+        ...                               {"name": "user_id", "required": True}]}], name="shop")
+        >>> Chains.of(registry).describe(registry.names)
+        {'tools needing an identifier': 2, 'found': {'order': ['search_orders']}, 'not found': ['user']}
+        """
+        needed_entities = set().union(*self.needs) if self.needs else set()
+        return {"tools needing an identifier": sum(bool(entities) for entities in self.needs),
+                "found": {entity: [names[t] for t in self.finders[entity]] for entity in sorted(self.finders)},
+                "not found": sorted(needed_entities - set(self.finders))}
+
     def wanted(self, chosen: tuple[int, ...]) -> npt.NDArray[np.int64]:
         """The tools that find what the ``chosen`` tools need and none of them finds (ascending, unique; chosen
         ones left in: the decode never repeats a tool)."""

@@ -31,7 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              help="an empty tool description is a problem too")
     compile_cmd.set_defaults(run=_compile)
 
-    inspect_cmd = commands.add_parser("inspect", help="print an artifact's header and placement as JSON")
+    inspect_cmd = commands.add_parser("inspect", help="print an artifact's header, placement and chains (which tool "
+                                                      "finds the identifier another requires) as JSON")
     inspect_cmd.add_argument("artifact", type=Path)
     inspect_cmd.set_defaults(run=_inspect)
 
@@ -147,9 +148,14 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
+    from tooltrie.chains import Chains
     from tooltrie.compiler import Artifact
 
-    print(json.dumps(Artifact.load(args.artifact).summary(), indent=2, ensure_ascii=False))
+    artifact = Artifact.load(args.artifact)
+    summary = artifact.summary()
+    tools = summary.pop("tools")  # the tools stay last; before them, the chains the prior follows
+    summary["chains"] = Chains.of(artifact.registry).describe(artifact.registry.names)
+    print(json.dumps({**summary, "tools": tools}, indent=2, ensure_ascii=False))
     return 0
 
 
