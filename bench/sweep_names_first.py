@@ -4,11 +4,11 @@ intervals).
 
     .venv/bin/python bench/sweep_names_first.py -o bench/results/sweep-names-first.json
 
-1. **The lexical score** (``LexicalIndex.build``'s k1, b and the name's weight; description and parameters count once
-   each, so a name's word weighs as much as or more than theirs, never less): for each of the five development
-   registries, the setting with the best mean exact-set rate over the *other four* registries' plainly worded
-   validation requests (what word matching is for), scored on the fifth, paired against a plain BM25 over name +
-   description (bm25s's defaults) and the lexical score before (``PREVIOUS``).
+1. **The lexical score** (``LexicalIndex.build``'s k1, b, the name's weight and the stop words; description and
+   parameters count once each, so a name's word weighs as much as or more than theirs, never less): for each of the
+   five development registries, the setting with the best mean exact-set rate over the *other four* registries'
+   plainly worded validation requests (what word matching is for), scored on the fifth, paired against a plain BM25
+   over name + description (bm25s's defaults, Lucene's stop words) and the lexical score before (``PREVIOUS``).
 2. **The hybrid's weight** over that fold's lexical score (``z(dense) + w z(lexical)``): the weight with the best mean
    over the other four registries of the mean of two exact-set rates on their validation splits, plainly worded
    requests and need-describing ones (``NEEDS``), each kind counting the same; scored on the fifth, paired against
@@ -33,14 +33,18 @@ from sweep_prior_loro import CACHE, REGISTRIES, Registryset, fuse, paired, per_q
 
 from tooltrie.eval.compare import RESAMPLES
 from tooltrie.eval.datasets import registry_path
+from tooltrie.lexical import CONVERSATIONAL_STOPWORDS, LUCENE_STOPWORDS
 from tooltrie.ranker import Ranker, embeddings_path
 from tooltrie.registry import load_registry
 
-Setting = tuple[float, float, tuple[int, int, int]]  # k1, b, name / description / parameter weights
-PREVIOUS: Setting = (1.5, 0.75, (1, 1, 1))  # the lexical score before: bm25s's defaults, every field once
+# The stop-word lists a fold may choose: Lucene's (bm25s's "en"), or with the conversational words added. Not longer
+# lists such as NLTK's (bm25s's "en_plus"): they leave out "off", "up", "down", "now", words that name what a tool does.
+STOP_LISTS = {"Lucene": LUCENE_STOPWORDS, "Lucene + conversational": LUCENE_STOPWORDS | CONVERSATIONAL_STOPWORDS}
+Setting = tuple[float, float, tuple[int, int, int], str]  # k1, b, name / description / parameter weights, stop words
+PREVIOUS: Setting = (3.0, 0.5, (3, 1, 1), "Lucene")  # the lexical score before: names first, Lucene's stop words
 PREVIOUS_WEIGHT = 0.15
-LEXICAL_GRID: list[Setting] = [(k1, b, (name, 1, 1)) for k1, b, name in itertools.product(
-    (0.9, 1.2, 1.5, 2.0, 3.0, 4.0, 6.0), (0.3, 0.5, 0.75, 1.0), (1, 2, 3, 5, 8))]
+LEXICAL_GRID: list[Setting] = [(k1, b, (name, 1, 1), stop) for k1, b, name, stop in itertools.product(
+    (0.9, 1.2, 1.5, 2.0, 3.0, 4.0, 6.0), (0.3, 0.5, 0.75, 1.0), (1, 2, 3, 5, 8), STOP_LISTS)]
 WEIGHTS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.7, 1.0)
 KINDS = ("plain", "need")
 SPLITS = ("validation", "test")
@@ -49,8 +53,8 @@ Table = dict[Any, dict[str, tuple[float, float]]]  # setting -> registry -> (exa
 
 
 def describe(setting: Setting) -> str:
-    k1, b, fields = setting
-    return f"k1 {k1:g}, b {b:g}, name {fields[0]}"
+    k1, b, fields, stop = setting
+    return f"k1 {k1:g}, b {b:g}, name {fields[0]}, {stop}"
 
 
 def best(table: Table, registries: Sequence[str]) -> Any:
@@ -80,7 +84,8 @@ class Sets:
         elif arm == "dense":
             scores = data.dense[split]
         else:
-            scores = data.lexical(split, *lexical)
+            k1, b, fields, stop = lexical
+            scores = data.lexical(split, k1, b, fields, STOP_LISTS[stop])
             if weight is not None:
                 scores = fuse(data.dense[split], scores, "z", weight)
         return per_query_rates(scores, data.queries[split], data.registry.names)
@@ -150,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                             "validation mean (others)": f"{means[0]:.1f} / {means[1]:.1f}"})
         if held == "all five":
             results["all five"] = {"lexical": describe(lexical_choice), "k1": lexical_choice[0],
-                                   "b": lexical_choice[1], "fields": lexical_choice[2], "hybrid weight": weight}
+                                   "b": lexical_choice[1], "fields": lexical_choice[2], "stop words": lexical_choice[3],
+                                   "hybrid weight": weight}
             continue
         fold: dict[str, Any] = {"lexical": describe(lexical_choice), "hybrid weight": weight, "splits": {}}
         for split in SPLITS:
@@ -188,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = {"registries": {name: list(datasets) for name, datasets in REGISTRIES.items()}, "needs": NEEDS,
                 "lexical grid": {"k1": sorted({s[0] for s in LEXICAL_GRID}), "b": sorted({s[1] for s in LEXICAL_GRID}),
                                  "name weight": sorted({s[2][0] for s in LEXICAL_GRID}), "description": 1,
-                                 "parameters": 1},
+                                 "parameters": 1, "stop words": {n: sorted(w) for n, w in STOP_LISTS.items()}},
                 "weights": WEIGHTS, "previous": {"lexical": describe(PREVIOUS), "hybrid weight": PREVIOUS_WEIGHT},
                 "criterion": {"lexical": "mean exact set over the other four's plain validation requests",
                               "hybrid": "mean over the other four of the mean of the plain and need-describing "

@@ -29,7 +29,7 @@ from sweep_prior import min_max, reciprocal_ranks  # the same normalisations the
 from tooltrie.eval.compare import RESAMPLES, bootstrap_interval, sign_test
 from tooltrie.eval.datasets import LabelledQuery, load_split, registry_path
 from tooltrie.eval.scoring import answer_rates
-from tooltrie.lexical import BM25_PARAMETERS, FIELD_WEIGHTS, STOPWORDS, LexicalIndex, identifier_words
+from tooltrie.lexical import BM25_PARAMETERS, FIELD_WEIGHTS, LUCENE_STOPWORDS, STOPWORDS, LexicalIndex, identifier_words
 from tooltrie.ranker import HYBRID, Ranker, embeddings_path, standardized
 from tooltrie.registry import load_registry
 from tooltrie.registry.model import Registry
@@ -111,26 +111,28 @@ class Registryset:
         np.save(path, scores)
         return scores
 
-    def lexical(self, split: str, k1: float, b: float, fields: tuple[int, int, int]) -> Scores:
-        key = (k1, b, fields)
+    def lexical(self, split: str, k1: float, b: float, fields: tuple[int, int, int],
+                stopwords: frozenset[str] = STOPWORDS) -> Scores:
+        key = (k1, b, fields, stopwords)
         if key not in self._lexical:
-            index = LexicalIndex.build(self.registry, k1=k1, b=b, fields=dict(zip(FIELD_WEIGHTS, fields, strict=True)))
+            index = LexicalIndex.build(self.registry, k1=k1, b=b, fields=dict(zip(FIELD_WEIGHTS, fields, strict=True)),
+                                       stopwords=stopwords)
             self._lexical[key] = {s: np.array([index.scores(q.query) for q in qs], dtype=np.float32).reshape(
                 len(qs), len(self.registry)) for s, qs in self.queries.items()}
         return self._lexical[key][split]
 
     def plain_bm25(self, split: str) -> Scores:
         """The baseline a user would write: bm25s, its default k1 and b, over the identifier-split words of each
-        tool's name and description (stop words out), the query split the same way."""
+        tool's name and description (Lucene's stop words out, as bm25s's "en"), the query split the same way."""
         import bm25s
 
-        documents = [[w for w in identifier_words(f"{tool.name} {tool.description}") if w not in STOPWORDS]
+        documents = [[w for w in identifier_words(f"{tool.name} {tool.description}") if w not in LUCENE_STOPWORDS]
                      for tool in self.registry.tools]
         bm25 = bm25s.BM25()
         bm25.index(documents, show_progress=False)
         rows = []
         for query in self.queries[split]:
-            words = [w for w in identifier_words(query.query) if w not in STOPWORDS and w in bm25.vocab_dict]
+            words = [w for w in identifier_words(query.query) if w not in LUCENE_STOPWORDS and w in bm25.vocab_dict]
             rows.append(bm25.get_scores(words) if words else np.zeros(len(self.registry)))
         return np.array(rows, dtype=np.float32)
 

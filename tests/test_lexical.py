@@ -18,7 +18,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.encoders import MadeUpEncoder
 
-from tooltrie.lexical import BM25_PARAMETERS, FIELD_WEIGHTS, STOPWORDS, LexicalIndex, identifier_words, tool_words
+from tooltrie.lexical import (
+    BM25_PARAMETERS,
+    CONVERSATIONAL_STOPWORDS,
+    FIELD_WEIGHTS,
+    LUCENE_STOPWORDS,
+    STOPWORDS,
+    LexicalIndex,
+    identifier_words,
+    tool_words,
+)
 from tooltrie.ranker import HYBRID, Ranker, lexical_path
 from tooltrie.registry import BFCL_PATH, CATALOG_PATH, load_registry, make_registry
 from tooltrie.registry.model import Parameter, Registry, Tool
@@ -98,13 +107,28 @@ def lucene_bm25(documents: list[list[str]], query: list[str]) -> list[float]:
 
 
 @pytest.mark.parametrize("query", ["What is the weather in Paris tomorrow?", "convert currency, currency rates",
-                                   "getWeather forecast", "nothing matches zzz", ""])
-def test_bm25_scores_match_a_written_out_lucene_bm25(query: str) -> None:
+                                   "getWeather forecast", "Can you tell me how I could book a flight?",
+                                   "nothing matches zzz", ""])
+@pytest.mark.parametrize("stopwords", [STOPWORDS, LUCENE_STOPWORDS], ids=["shipped", "lucene"])
+def test_bm25_scores_match_a_written_out_lucene_bm25(query: str, stopwords: frozenset[str]) -> None:
+    """The index's stop words are left out of the tools and the query alike."""
     registry = load_registry(CATALOG_PATH)
-    documents = [tool_words(tool) for tool in registry.tools]
-    words = [w for w in identifier_words(query) if w not in STOPWORDS]
-    np.testing.assert_allclose(LexicalIndex.build(registry).scores(query), lucene_bm25(documents, words),
-                               rtol=1e-5, atol=1e-6)
+    documents = [tool_words(tool, stopwords=stopwords) for tool in registry.tools]
+    words = [w for w in identifier_words(query) if w not in stopwords]
+    np.testing.assert_allclose(LexicalIndex.build(registry, stopwords=stopwords).scores(query),
+                               lucene_bm25(documents, words), rtol=1e-5, atol=1e-6)
+
+
+def test_a_requests_conversational_words_match_no_tool() -> None:
+    """"you", "can", "what" are stop words: a parameter's description that says them ("the city you can name") does
+    not draw a request that only speaks to its reader; Lucene's list alone lets it."""
+    registry = Registry(name="two", tools=(
+        Tool("getWeather", "", "0", parameters=(Parameter("city", description="what city you can name"),)),
+        Tool("sendEmail", "", "1")))
+    assert STOPWORDS == LUCENE_STOPWORDS | CONVERSATIONAL_STOPWORDS
+    assert not LexicalIndex.build(registry).scores("what can you do for me").any()
+    assert LexicalIndex.build(registry, stopwords=LUCENE_STOPWORDS).scores("what can you do for me")[0] > 0
+    assert {"off", "up", "down", "us", "may"}.isdisjoint(STOPWORDS)  # words that tell tools apart
 
 
 def bm25s_index(registry: Registry) -> tuple[dict[str, int], dict[str, np.ndarray]]:
@@ -219,17 +243,17 @@ def by_hand_z(values: list[float]) -> list[float]:
     return [(value - mean) / spread for value in values]
 
 
-# Four tools of 2, 2, 4 and 2 words (average length 2.5); the query's words: "what" (no tool has it), "weather" (in
-# getWeather and weatherAlerts) and "alerts" (in weatherAlerts); "are" and "the" are stop words.
+# Four tools of 2, 2, 4 and 2 words (average length 2.5); the query's words: "weather" (in getWeather and
+# weatherAlerts) and "alerts" (in weatherAlerts); "what", "are" and "the" are stop words.
 TINY = make_registry([{"name": "getWeather"}, {"name": "convertCurrency"},
                       {"name": "weatherAlerts", "description": "storm warnings"}, {"name": "sendEmail"}], name="tiny")
 TINY_QUERY = "What are the weather alerts?"
-# Lucene's BM25 with k1 = 3, b = 0.5, a name's words counted 3 times, by hand: the tools' lengths are 6, 6, 8 (3 x 2
+# Lucene's BM25 with k1 = 3, b = 0.75, a name's words counted 3 times, by hand: the tools' lengths are 6, 6, 8 (3 x 2
 # name words and 2 description words) and 6, average 6.5; idf(weather) = ln(1 + (4 - 2 + 0.5) / (2 + 0.5)) = ln 2,
 # idf(alerts) = ln(1 + (4 - 1 + 0.5) / (1 + 0.5)) = ln(10/3); a name's word (3 occurrences) counts
-# 3 / (3 + 3 * (0.5 + 0.5 * 6 / 6.5)) = 26/51 in a tool of length 6 and 3 / (3 + 3 * (0.5 + 0.5 * 8 / 6.5)) = 26/55
-# in the tool of length 8.
-TINY_BM25 = [math.log(2) * 26 / 51, 0.0, (math.log(2) + math.log(10 / 3)) * 26 / 55, 0.0]
+# 3 / (3 + 3 * (0.25 + 0.75 * 6 / 6.5)) = 52/101 in a tool of length 6 and 3 / (3 + 3 * (0.25 + 0.75 * 8 / 6.5))
+# = 52/113 in the tool of length 8.
+TINY_BM25 = [math.log(2) * 52 / 101, 0.0, (math.log(2) + math.log(10 / 3)) * 52 / 113, 0.0]
 # The query's cosines with the tools, by the vectors below: 0.8, 0, 0.6, -0.6 (mean 0.2, variance 1.2 / 4 = 0.3).
 TINY_VECTORS = {"getWeather": (0.8, 0.6), "convertCurrency": (0.0, 1.0), "weatherAlerts: storm warnings": (0.6, 0.8),
                 "sendEmail": (-0.6, 0.8), TINY_QUERY: (1.0, 0.0)}
@@ -242,11 +266,11 @@ def test_the_priors_of_a_tiny_registry_are_the_numbers_worked_out_by_hand() -> N
     nearest embedding leads the dense one, and the hybrid prior is the dense z-scores plus ``HYBRID``'s weight times
     the lexical ones."""
     assert (BM25_PARAMETERS["k1"], BM25_PARAMETERS["b"], FIELD_WEIGHTS) == (  # the constants the numbers above use
-        3.0, 0.5, {"name": 3, "description": 1, "parameters": 1})
+        3.0, 0.75, {"name": 3, "description": 1, "parameters": 1})
     ranker = Ranker(TINY, encoder=WrittenOutEncoder(TINY_VECTORS))
     np.testing.assert_allclose(ranker.lexical.scores(TINY_QUERY), TINY_BM25, rtol=1e-6)
     lexical_z = by_hand_z(TINY_BM25)
-    np.testing.assert_allclose(lexical_z, [0.11127, -0.85190, 1.59253, -0.85190], atol=1e-5)  # by hand, rounded
+    np.testing.assert_allclose(lexical_z, [0.13816, -0.85995, 1.58174, -0.85995], atol=1e-5)  # by hand, rounded
     expected = {"lexical": lexical_z, "dense": TINY_DENSE_Z,
                 "hybrid": [HYBRID["dense"] * d + HYBRID["lexical"] * lex
                            for d, lex in zip(TINY_DENSE_Z, lexical_z, strict=True)]}

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tooltrie.lexical import BM25_PARAMETERS, FIELD_WEIGHTS, LexicalIndex, tool_words
+from tooltrie.lexical import BM25_PARAMETERS, FIELD_WEIGHTS, STOPWORDS, LexicalIndex, tool_words
 from tooltrie.registry import BFCL_PATH, CATALOG_PATH, load_registry, make_registry
 from tooltrie.registry.model import Parameter, Registry, Tool
 
@@ -44,7 +44,8 @@ def test_a_weighted_index_is_bm25s_own_over_the_repeated_words(path: Path, k1: f
     assert list(index._bm25.vocab_dict.items()) == list(vocabulary.items())
     for part, expected in matrix.items():
         np.testing.assert_array_equal(index._bm25.scores[part], expected, err_msg=part)
-    assert index.settings == {"bm25": {**BM25_PARAMETERS, "k1": k1, "b": b}, "fields": fields}
+    assert index.settings == {"bm25": {**BM25_PARAMETERS, "k1": k1, "b": b}, "fields": fields,
+                              "stopwords": sorted(STOPWORDS)}
 
 
 # Four tools: getWeather (get, weather), convertCurrency, weatherAlerts described "storm warnings" (weather, alerts,

@@ -52,7 +52,7 @@ TIMEOUT = httpx.Timeout(60.0)
 SHOP_TAGS = {"FinanceTool": ["money"], "ExchangeTool": ["money"], "NewsTool": ["info"], "MapTool": ["info"],
              "CourseTool": ["info"], "NotesTool": ["internal"], "MemoryTool": ["internal"], "LawTool": ["internal"]}
 TENANT_SHOP = {"FinanceTool", "ExchangeTool", "NewsTool", "MapTool", "CourseTool"}  # allow [money, info]
-QUERIES = ("take notes about the law and remember them", "convert dollars to euros", "news on a map", "hi")
+QUERIES = ("keep notes of the law in memory", "convert dollars to euros", "news on a map", "hi")
 
 
 def top(registry: Registry, query: str, n: int, within: set[str]) -> set[str]:

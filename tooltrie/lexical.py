@@ -10,7 +10,7 @@ all split the same way; the query is split the same way too, so that "getWeather
 >>> from tooltrie.registry import make_registry
 >>> index = LexicalIndex.build(make_registry([{"name": "getWeather"}, {"name": "calculateNetIncome"}], name="demo"))
 >>> [round(float(s), 3) for s in index.scores("What is the net income?")]
-[0.0, 0.66]
+[0.0, 0.645]
 
 The index is built once per registry version (milliseconds for thousands of tools; ``bench/bench_lexical.py``) and
 kept in a file beside the artifact, keyed by the registry's sha256 and ``VERSION`` (``LexicalIndex.cached``).
@@ -35,28 +35,40 @@ from tooltrie.registry.model import Registry, Tool
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-__all__ = ["BM25_PARAMETERS", "FIELDS", "FIELD_WEIGHTS", "STOPWORDS", "VERSION", "LexicalIndex", "identifier_words",
-           "tool_words"]
+__all__ = ["BM25_PARAMETERS", "CONVERSATIONAL_STOPWORDS", "FIELDS", "FIELD_WEIGHTS", "LUCENE_STOPWORDS", "STOPWORDS",
+           "VERSION", "LexicalIndex", "identifier_words", "tool_words"]
 
 # Bumped whenever the words or the scoring change, so that a kept index of an older kind is built afresh.
-VERSION = "3"
+VERSION = "4"
 # Lucene's BM25. k1 3 lets a word's repeats (a name's word counted three times, below) keep adding to its score where
-# bm25s's default 1.5 would have it saturate; b 0.5 (0.75 by default) penalises a long parameter list less.
-BM25_PARAMETERS: dict[str, Any] = {"k1": 3.0, "b": 0.5, "method": "lucene"}
+# bm25s's default 1.5 would have it saturate; b bm25s's default.
+BM25_PARAMETERS: dict[str, Any] = {"k1": 3.0, "b": 0.75, "method": "lucene"}
 # A tool's fields, in the order its texts are read: its name; its description; its parameters' names, descriptions
 # and enum values.
 FIELDS = ("name", "description", "parameters")
 # How many times each field's words count in a tool's document: BM25 over the words repeated (a name's word at 3 is
 # three occurrences, in the tool's length too: one length normalisation over the weighted fields, BM25F's simple
 # form); 0 leaves the field out. Whole numbers, so the index stays bm25s's own over repeated words. Names first: a
-# request's words are most often its tool's name's. These and k1, b chosen leave one registry out on the five
-# development registries' plainly worded validation requests (bench/sweep_names_first.py;
+# request's words are most often its tool's name's. These, k1, b and the stop words chosen leave one registry out on
+# the five development registries' plainly worded validation requests (bench/sweep_names_first.py;
 # docs/benchmarks.md#a-lexical-score-that-reads-names-first).
 FIELD_WEIGHTS: dict[str, int] = {"name": 3, "description": 1, "parameters": 1}
 # Lucene's English stop words (bm25s ships them): words that say nothing about which tool is meant.
-STOPWORDS = frozenset(("a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it",
-                       "no", "not", "of", "on", "or", "such", "that", "the", "their", "then", "there", "these", "they",
-                       "this", "to", "was", "will", "with"))
+LUCENE_STOPWORDS = frozenset(("a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is",
+                              "it", "no", "not", "of", "on", "or", "such", "that", "the", "their", "then", "there",
+                              "these", "they", "this", "to", "was", "will", "with"))
+# A request's words to whoever answers it: pronouns, question words and auxiliaries ("can you tell me what I would
+# get"). Tools' parameter descriptions say them too ("the city you want"), so kept, they match a request's manner of
+# speaking to the wordiest tools. Not "us" (the US), "may" (the month) or "mine"; and none of the particles longer
+# lists leave out ("off", "up", "down", "out", "now", "more"): they tell ``turn_off`` from ``turn_on``.
+CONVERSATIONAL_STOPWORDS = frozenset((
+    "i", "me", "my", "myself", "you", "your", "yours", "yourself", "we", "our", "ours", "he", "him", "his", "she",
+    "her", "hers", "its", "them", "what", "which", "who", "whom", "whose", "when", "where", "why", "how", "am", "been",
+    "being", "have", "has", "had", "having", "do", "does", "did", "can", "could", "would", "should", "shall", "might",
+    "must"))
+# The words BM25 leaves out of tools and requests: Lucene's and the conversational ones (every fold chose them over
+# Lucene's alone, with the constants above).
+STOPWORDS = LUCENE_STOPWORDS | CONVERSATIONAL_STOPWORDS
 
 
 _Word = TypeVar("_Word", str, int)  # a word, or its id in a vocabulary
@@ -123,9 +135,9 @@ def _chunk_words(chunk: str) -> tuple[str, ...]:
     return tuple(word.casefold() for word in _word_pattern().findall(chunk))
 
 
-def _content_words(chunk: str) -> tuple[str, ...]:
-    """The words of a run of letters and digits less the stop words."""
-    return tuple(word for word in _chunk_words(chunk) if word not in STOPWORDS)
+def _content_words(chunk: str, stopwords: frozenset[str] = STOPWORDS) -> tuple[str, ...]:
+    """The words of a run of letters and digits less the ``stopwords``."""
+    return tuple(word for word in _chunk_words(chunk) if word not in stopwords)
 
 
 class _Memo(dict[str, _Value]):
@@ -159,10 +171,11 @@ def _check_fields(fields: dict[str, int] | None) -> dict[str, int]:
     return fields
 
 
-def tool_words(tool: Tool, *, fields: dict[str, int] | None = None) -> list[str]:
+def tool_words(tool: Tool, *, fields: dict[str, int] | None = None,
+               stopwords: frozenset[str] = STOPWORDS) -> list[str]:
     """What BM25 reads of a tool: its name, description, parameters (names, descriptions, enum values), each split
-    by ``identifier_words``, stop words left out, each field's words repeated its weight's times (``fields``; None:
-    ``FIELD_WEIGHTS``).
+    by ``identifier_words``, ``stopwords`` left out, each field's words repeated its weight's times (``fields``;
+    None: ``FIELD_WEIGHTS``).
 
     >>> from tooltrie.registry.model import Parameter
     >>> tool = Tool("getWeather", "The forecast for a city.", "x", parameters=(Parameter("unit", values=("C",)),))
@@ -171,17 +184,18 @@ def tool_words(tool: Tool, *, fields: dict[str, int] | None = None) -> list[str]
     >>> tool_words(tool, fields={"name": 2, "description": 1, "parameters": 0})
     ['get', 'weather', 'get', 'weather', 'forecast', 'city']
     """
+    content_words = functools.partial(_content_words, stopwords=stopwords)
     return [word for text, weight in _tool_texts(tool, _check_fields(fields))
-            for word in list(_split(text, _content_words)) * weight]
+            for word in list(_split(text, content_words)) * weight]
 
 
-def _tool_word_ids(tools: Sequence[Tool], fields: dict[str, int]) -> tuple[
+def _tool_word_ids(tools: Sequence[Tool], fields: dict[str, int], stopwords: frozenset[str]) -> tuple[
         npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], dict[str, int]]:
     """``tool_words`` of every tool as one array of word ids (numbered in order of first appearance, each word once
     where it occurs), the tool of each, its field's weight (how many times it counts), and the vocabulary. Each
     distinct text is split once, each distinct run of letters and digits in it once."""
     vocabulary: _Memo[int] = _Memo(lambda word: len(vocabulary))  # a new word's id: the next one
-    chunk_ids = _Memo(lambda chunk: tuple(map(vocabulary.__getitem__, _content_words(chunk))))
+    chunk_ids = _Memo(lambda chunk: tuple(map(vocabulary.__getitem__, _content_words(chunk, stopwords))))
     text_ids = _Memo(lambda text: tuple(_split(text, chunk_ids.__getitem__)))
     texts = [_tool_texts(tool, fields) for tool in tools]
     flat = list(chain.from_iterable(texts))
@@ -229,6 +243,7 @@ class LexicalIndex:
 
         self.settings = _settings() if settings is None else settings
         self._bm25, self.n_tools = bm25s.BM25(**self.settings["bm25"]), n_tools
+        self._content_words = functools.partial(_content_words, stopwords=frozenset(self.settings["stopwords"]))
         self._bm25.vocab_dict = vocabulary
         if vocabulary:  # what bm25s.BM25.index leaves (and BM25.load restores)
             self._bm25.scores = {**matrix, "num_docs": n_tools}
@@ -237,11 +252,13 @@ class LexicalIndex:
 
     @classmethod
     def build(cls, registry: Registry, *, k1: float | None = None, b: float | None = None,
-              fields: dict[str, int] | None = None) -> LexicalIndex:
+              fields: dict[str, int] | None = None, stopwords: frozenset[str] | None = None) -> LexicalIndex:
         """Index ``registry``'s tools (``tool_words``): bm25s's own index of them, built with whole arrays. ``k1``,
-        ``b``, ``fields``: BM25's constants and the field weights (None: ``BM25_PARAMETERS``'s, ``FIELD_WEIGHTS``)."""
-        settings = _settings(k1=k1, b=b, fields=fields)
-        ids, tools, weights, vocabulary = _tool_word_ids(registry.tools, settings["fields"])
+        ``b``, ``fields``, ``stopwords``: BM25's constants, the field weights and the words left out of tools and
+        queries alike (None: ``BM25_PARAMETERS``'s, ``FIELD_WEIGHTS``, ``STOPWORDS``)."""
+        settings = _settings(k1=k1, b=b, fields=fields, stopwords=stopwords)
+        ids, tools, weights, vocabulary = _tool_word_ids(registry.tools, settings["fields"],
+                                                         frozenset(settings["stopwords"]))
         bm25 = settings["bm25"]
         matrix = _bm25_matrix(ids, tools, weights, len(registry), len(vocabulary), k1=bm25["k1"],
                               b=bm25["b"]) if vocabulary else {}
@@ -258,9 +275,9 @@ class LexicalIndex:
 
     def words(self, text: str) -> list[int]:
         """The ids of ``text``'s words that the tools have, as BM25 reads a query: split by ``identifier_words``,
-        stop words out, a word said twice counted twice."""
+        the index's stop words out, a word said twice counted twice."""
         vocabulary = self._bm25.vocab_dict
-        return [vocabulary[word] for word in _split(text, _content_words) if word in vocabulary]
+        return [vocabulary[word] for word in _split(text, self._content_words) if word in vocabulary]
 
     def weighted_scores(self, words: Sequence[int], weights: npt.ArrayLike) -> npt.NDArray[np.float32]:
         """[tools] BM25 scores of the query ``words`` (ids, from :meth:`words`), each word's part times its weight:
@@ -316,12 +333,13 @@ class LexicalIndex:
         return read_kept(path, expected, accept, what="lexical index")
 
 
-def _settings(*, k1: float | None = None, b: float | None = None,
-              fields: dict[str, int] | None = None) -> dict[str, Any]:
-    """What an index is built with: bm25s's parameters (``BM25_PARAMETERS`` less what is given) and the field
-    weights; what a kept index's file records, and must match to be read back."""
+def _settings(*, k1: float | None = None, b: float | None = None, fields: dict[str, int] | None = None,
+              stopwords: frozenset[str] | None = None) -> dict[str, Any]:
+    """What an index is built with: bm25s's parameters (``BM25_PARAMETERS`` less what is given), the field weights
+    and the stop words; what a kept index's file records, and must match to be read back."""
     bm25 = {**BM25_PARAMETERS, **({} if k1 is None else {"k1": float(k1)}), **({} if b is None else {"b": float(b)})}
-    return {"bm25": bm25, "fields": _check_fields(fields)}
+    return {"bm25": bm25, "fields": _check_fields(fields),
+            "stopwords": sorted(STOPWORDS if stopwords is None else stopwords)}
 
 
 def _check_index(vocabulary: Any, matrix: dict[str, npt.NDArray[Any]], n_tools: int) -> None:
