@@ -25,24 +25,12 @@ from sweep_prior_loro import CACHE, REGISTRIES, Registryset, paired
 
 from tooltrie.chains import Chains
 from tooltrie.eval.datasets import registry_path
-from tooltrie.eval.scoring import answer_rates
-from tooltrie.ranker import FOLLOW, HYBRID, FollowUp, Ranker, embeddings_path
+from tooltrie.ranker import FOLLOW, Ranker, embeddings_path
 from tooltrie.registry import load_registry
 
 WEIGHTS = (0.0, 0.5, 1.0, 2.0, 3.0, 4.0, 6.0, 10.0)
 KINDS = ("plain", "need")
-
-
-def rates(answers: Answers, chains: Chains, split: str, weight: float) -> dict[str, np.ndarray]:
-    """Exact set and recall@k of each k >= 2 request of ``split`` under the chains' bonus ``weight``."""
-    registry, exact, recall = answers.data.registry, [], []
-    for i, query in answers.queries[split]:
-        follow = FollowUp(answers.first[split][i].astype(np.float32), query.query, answers.index, registry.tools,
-                          HYBRID["lexical"], FOLLOW["lexical"], FOLLOW["covered"], chains, weight)
-        got = answer_rates([registry.names[t] for t in follow.top(query.k)], query.tools)
-        exact.append(got["exact"])
-        recall.append(got["recall"])
-    return {"exact": np.array(exact, float), "recall": np.array(recall, float)}
+SHIPPED = (FOLLOW["covered"], FOLLOW["lexical"])  # FOLLOW's covered and later weights, under which chains add
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         for kind, answers in sets.items():
             for split in SPLITS:
                 for weight in WEIGHTS:
-                    table[name, kind, split, weight] = rates(answers, chains, split, weight)
+                    table[name, kind, split, weight] = answers.rates(split, SHIPPED, chains, weight)
     names = list(REGISTRIES)
 
     def score(weight: float, registries: list[str]) -> tuple[float, float]:

@@ -34,6 +34,7 @@ from _common import print_table, write_results
 from sweep_fusion_adaptive import NEEDS, NeedSet
 from sweep_prior_loro import CACHE, REGISTRIES, Registryset, paired
 
+from tooltrie.chains import Chains
 from tooltrie.eval.datasets import registry_path
 from tooltrie.eval.scoring import answer_rates
 from tooltrie.lexical import LexicalIndex
@@ -60,7 +61,7 @@ class Answers:
         self.index = LexicalIndex.build(data.registry)  # the ranker's own: the default settings
         self.queries = {split: [(i, q) for i, q in enumerate(data.queries[split]) if q.k >= 2] for split in SPLITS}
         self.first = {split: self._first(split) for split in SPLITS}
-        self._rates: dict[tuple[str, tuple[float, float]], dict[str, np.ndarray]] = {}
+        self._rates: dict[tuple[Any, ...], dict[str, np.ndarray]] = {}
 
     def _first(self, split: str) -> dict[int, np.ndarray]:
         """Each request's hybrid prior, as ``Ranker.prior_scores`` makes it."""
@@ -68,15 +69,18 @@ class Answers:
         return {i: HYBRID["dense"] * dense[i] + HYBRID["lexical"] * standardized(self.index.scores(q.query)[None])[0]
                 for i, q in self.queries[split]}
 
-    def rates(self, split: str, setting: tuple[float, float]) -> dict[str, np.ndarray]:
-        key = (split, setting)
+    def rates(self, split: str, setting: tuple[float, float], chains: Chains | None = None,
+              chain_weight: float = 0.0) -> dict[str, np.ndarray]:
+        """Exact set and recall@k of each request of ``split`` under ``setting`` (covered, later) and the ``chains``'
+        bonus ``chain_weight`` (none by default)."""
+        key = (split, setting, chain_weight if chains is not None else None)
         if key not in self._rates:
             covered, later = setting
             names = self.data.registry.names
             exact, recall = [], []
             for i, query in self.queries[split]:
                 follow = FollowUp(self.first[split][i].astype(np.float32), query.query, self.index,
-                                  self.data.registry.tools, HYBRID["lexical"], later, covered)
+                                  self.data.registry.tools, HYBRID["lexical"], later, covered, chains, chain_weight)
                 rates = answer_rates([names[t] for t in follow.top(query.k)], query.tools)
                 exact.append(rates["exact"])
                 recall.append(rates["recall"])
