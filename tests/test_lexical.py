@@ -202,7 +202,8 @@ def odd_registry() -> Registry:
                           {"name": "__"}, {"name": "getWeather"}], name="odd")
 
 
-@pytest.mark.parametrize("query", ["", "   ", "the of and to", "?!", "天气预报", "Größe berechnen", "weather"])
+@pytest.mark.parametrize("query", ["", "   ", "the of and to", "what can you do?", "?!", "天气预报", "Größe berechnen",
+                                   "weather"])
 @pytest.mark.parametrize("prior", ["lexical", "hybrid", "dense"])
 def test_bad_input_is_scored_without_nan(query: str, prior: str) -> None:
     ranker = Ranker(odd_registry(), prior=prior, encoder=MadeUpEncoder(8))
