@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chosen on all four: {results['chosen on all four']} (today: {today})")
     path = write_results("sweep-untrained", settings={"registries": REGISTRIES, "weights": WEIGHTS,
                                                       "model weight": 1.0, "batch": args.batch, "today": today},
-                         results=results, out=args.output)
+                         results=results, out=args.output, compact=True)
     print(f"wrote {Path(path)}")
     return 0
 
