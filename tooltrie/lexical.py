@@ -50,8 +50,8 @@ FIELDS = ("name", "description", "parameters")
 # three occurrences, in the tool's length too: one length normalisation over the weighted fields, BM25F's simple
 # form); 0 leaves the field out. Whole numbers, so the index stays bm25s's own over repeated words. Names first: a
 # request's words are most often its tool's name's. These, k1, b and the stop words chosen leave one registry out on
-# the five development registries' plainly worded validation requests (bench/sweep_names_first.py), b between the
-# settings that left close by the answers served (bench/sweep_lexical_fused.py;
+# the five development registries' plainly worded validation requests (bench/sweep_names_first.py); b, between the
+# settings that choice leaves close, by the answers served (bench/sweep_lexical_fused.py;
 # docs/benchmarks.md#a-lexical-score-that-reads-names-first).
 FIELD_WEIGHTS: dict[str, int] = {"name": 3, "description": 1, "parameters": 1}
 # Lucene's English stop words (bm25s ships them): words that say nothing about which tool is meant.
