@@ -101,7 +101,8 @@ MODEL_ONLY, RETRIEVAL_ONLY = Weights(1.0, 0.0), Weights(0.0, 1.0)
 # outweighs a logit gap of 1, so the model decides only among tools the prior finds nearly tied. Chosen leave one
 # registry out on the four development registries the shipped adapter never saw, by the mean of the plain and the
 # need-describing validation requests' exact-set rates (bench/sweep_untrained.py: weights 5, 10, 20, 50 and the prior
-# alone; three folds and all four chose 50, one 20; docs/benchmarks.md#requests-that-describe-a-need).
+# alone; three folds and all four chose 50, one 20; docs/benchmarks.md#requests-that-describe-a-need). The catalog,
+# the fifth development registry, is no fold: the adapter was trained on it and answers there at its own weights.
 UNTRAINED = Weights(model=1.0, retrieval=50.0)
 # For a model with no adapter at all (never taught to choose tools) the prior decides and the model only breaks its
 # near-exact ties. Chosen over the hybrid prior on the catalog's validation splits with the base model (10, 20, 50:
