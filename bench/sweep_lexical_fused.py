@@ -98,13 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for i, held in enumerate(names):
         results["folds"][held] = {"chosen": folds[held]}
+        before = {kind: scored(held, kind, "test", BEFORE) for kind in KINDS}
         for label, candidate in (("fold", folds[held]), ("all five", overall)):
             cell: dict[str, Any] = {"candidate": candidate}
             for j, kind in enumerate(KINDS):
-                chosen, before = scored(held, kind, "test", candidate), scored(held, kind, "test", BEFORE)
+                chosen = scored(held, kind, "test", candidate)
                 cell[kind] = {"queries": len(chosen["exact"]), **{rate: {
-                    "chosen": float(chosen[rate].mean()), "before": float(before[rate].mean()),
-                    "paired": paired(chosen[rate], before[rate], (i, j, len(rate)))} for rate in ("exact", "recall")}}
+                    "chosen": float(chosen[rate].mean()), "before": float(before[kind][rate].mean()),
+                    "paired": paired(chosen[rate], before[kind][rate], (i, j, len(rate)))}
+                    for rate in ("exact", "recall")}}
                 pair = cell[kind]["exact"]["paired"]
                 rows.append({"held out": held, "choice": label, "candidate": candidate, "requests": kind,
                              "n": cell[kind]["queries"], "chosen": f"{100 * cell[kind]['exact']['chosen']:.1f}",
