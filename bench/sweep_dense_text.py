@@ -95,12 +95,16 @@ def registry_rates(name: str, encoder: SentenceEncoder) -> dict[str, Any]:
     for split in SPLITS:
         queries["plain", split] = [q for dataset in REGISTRIES[name] for q in load_split(dataset, split)]
         queries["need", split] = list(load_split(NEEDS[name], split))
+    # The requests' embeddings and lexical scores do not depend on the tool text: made once.
+    embedded = {key: _embedded(encoder, [q.query for q in asked]) for key, asked in queries.items()}
+    lexical_scores = {key: np.array([index.scores(q.query) for q in asked], np.float32).reshape(len(asked),
+                                                                                               len(registry))
+                      for key, asked in queries.items()}
     rates: dict[str, Any] = {}
     for text, make in TEXTS.items():
         tools = _embedded(encoder, [make(tool) for tool in registry.tools])
         for (kind, split), asked in queries.items():
-            dense = _embedded(encoder, [q.query for q in asked]) @ tools.T
-            lexical = np.array([index.scores(q.query) for q in asked], np.float32).reshape(len(asked), len(registry))
+            dense, lexical = embedded[kind, split] @ tools.T, lexical_scores[kind, split]
             for arm, scores in (("dense", dense), ("hybrid", fuse(dense, lexical, "z", HYBRID["lexical"]))):
                 found = per_query_rates(scores, asked, registry.names)
                 rates.setdefault(text, {}).setdefault(kind, {}).setdefault(split, {})[arm] = {
