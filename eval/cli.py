@@ -58,6 +58,9 @@ def add_commands(commands: Any) -> None:
     cmp.add_argument("b", metavar="B", help="the same for the arm to compare with (e.g. results:retrieval)")
     cmp.add_argument("--rates", default="exact,top1,recall", help="comma-separated: exact, top1, recall")
     cmp.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
+    cmp.add_argument("--margin", type=float, default=None, metavar="POINTS",
+                     help="also say how many answers like these an interval needs to show A at most POINTS below B "
+                     "(e.g. 2: a lower bound of -2 points)")
     cmp.add_argument("--format", choices=("text", "json"), default="text")
     cmp.set_defaults(run=_compare)
 
@@ -200,13 +203,17 @@ def vllm_options(settings: list[str]) -> dict[str, Any]:
 
 def _compare(args: argparse.Namespace) -> int:
     from tooltrie.eval.compare import ArmAnswers, as_json, compare, markdown
+    from tooltrie.eval.results import ResultsError
 
     a, b = ArmAnswers.load(args.a), ArmAnswers.load(args.b)
     rows = compare(a, b, rates=[rate.strip() for rate in args.rates.split(",") if rate.strip()], seed=args.seed)
+    margin = None if args.margin is None else args.margin / 100
+    if margin is not None and not 0 <= margin < 1:
+        raise ResultsError(f"--margin {args.margin:g}: give points between 0 and 100")
     if args.format == "json":
-        print(json.dumps(as_json(a, b, rows), indent=2))
+        print(json.dumps(as_json(a, b, rows, margin=margin), indent=2))
     else:
-        sys.stdout.write(markdown(a, b, rows))
+        sys.stdout.write(markdown(a, b, rows, margin=margin))
     return 0
 
 

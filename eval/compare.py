@@ -9,9 +9,11 @@ per k and, where the answers are of several kinds (plainly worded and need-descr
 - a 95 % interval for the difference from a paired bootstrap (seeded per row: the same files give the same
   interval, whichever other rows are asked for);
 - how many answers each arm scores higher, and the exact two-sided sign test's p-value on those counts (McNemar's
-  exact test for the 0/1 rates): the chance of a split at least this uneven between two arms that are equally good.
+  exact test for the 0/1 rates): the chance of a split at least this uneven between two arms that are equally good;
+- with a margin (``--margin``), how many answers like these an interval needs to show A no more than the margin below B.
 
-On a test split of a few hundred queries a few points are often within noise; this says which.
+On a test split of a few hundred queries a few points are often within noise; this says which, and how many queries
+it would take.
 """
 
 from __future__ import annotations
@@ -95,10 +97,14 @@ class Difference:
     b_better: int
     p: float  # the exact two-sided sign test on a_better against b_better
     kind: str | None = None  # a row of one kind's answers ("plain", "need"); None: every kind
+    spread: float = 0.0  # the standard deviation of the per-answer differences
 
     @property
     def difference(self) -> float:
         return self.a - self.b
+
+    def answers_needed(self, margin: float) -> int | None:
+        return answers_needed(self.difference, self.spread, margin)
 
 
 def compare(a: ArmAnswers, b: ArmAnswers, *, rates: Sequence[str] = tuple(RATES), resamples: int = RESAMPLES,
@@ -131,9 +137,24 @@ def compare(a: ArmAnswers, b: ArmAnswers, *, rates: Sequence[str] = tuple(RATES)
             entropy = [seed, list(RATES).index(rate), k or 0, *([1 + kinds.index(kind)] if kind else [])]
             low, high = bootstrap_interval(x - y, resamples=resamples, rng=np.random.default_rng(entropy))
             wins, losses = int((x > y).sum()), int((x < y).sum())
+            spread = float((x - y).std(ddof=1)) if len(chosen) > 1 else 0.0
             rows.append(Difference(rate, k, len(chosen), float(x.mean()), float(y.mean()), low, high, wins, losses,
-                                   sign_test(wins, losses), kind))
+                                   sign_test(wins, losses), kind, spread))
     return rows
+
+
+def answers_needed(difference: float, spread: float, margin: float, *, z: float = 1.96) -> int | None:
+    """How many answers a 95 % interval needs for its lower bound to reach ``-margin``, were more answers to differ
+    as these do (the same mean ``difference`` and standard deviation ``spread`` of the per-answer differences; the
+    normal approximation the bootstrap follows): the n where ``difference - z * spread / sqrt(n) >= -margin``. None
+    where the difference is at or below ``-margin``: no number of such answers shows it.
+
+    >>> answers_needed(0.0, 0.35, 0.02), answers_needed(0.03, 0.3, 0.02), answers_needed(-0.02, 0.14, 0.02)
+    (1177, 139, None)
+    """
+    if difference + margin <= 0:
+        return None
+    return max(1, math.ceil((z * spread / (difference + margin)) ** 2 - 1e-9))  # - 1e-9: an exact square is enough
 
 
 def sign_test(wins: int, losses: int) -> float:
@@ -163,21 +184,31 @@ def bootstrap_interval(differences: np.ndarray, *, resamples: int, rng: np.rando
     return float(low), float(high)
 
 
-def markdown(a: ArmAnswers, b: ArmAnswers, rows: Sequence[Difference]) -> str:
-    """A table of ``rows``, rates in % and differences in points."""
-    lines = [f"A: {a.label}", f"B: {b.label}", "",
-             "| rate | k or kind | answers | A | B | A - B | 95 % interval | A better | B better | sign test p |",
-             "|---|---|---:|---:|---:|---:|---|---:|---:|---:|"]
+def markdown(a: ArmAnswers, b: ArmAnswers, rows: Sequence[Difference], *, margin: float | None = None) -> str:
+    """A table of ``rows``, rates in % and differences in points; with ``margin`` (a fraction), the answers an
+    interval needs to show A no more than ``margin`` below B ("never" where the difference is that far below)."""
+    needed = f" answers for A >= B - {100 * margin:g} |" if margin is not None else ""
+    header = "| rate | k or kind | answers | A | B | A - B | 95 % interval | A better | B better | sign test p |"
+    lines = [f"A: {a.label}", f"B: {b.label}", "", header + needed,
+             "|---|---|---:|---:|---:|---:|---|---:|---:|---:|" + ("---:|" if needed else "")]
     for row in rows:
         group = row.kind or ("all" if row.k is None else row.k)
-        lines.append(f"| {RATES[row.rate]} | {group} | {row.answers} | {row.a:.1%} | "
-                     f"{row.b:.1%} | {100 * row.difference:+.1f} | {100 * row.low:+.1f} to {100 * row.high:+.1f} | "
-                     f"{row.a_better} | {row.b_better} | {row.p:.3g} |")
+        line = (f"| {RATES[row.rate]} | {group} | {row.answers} | {row.a:.1%} | "
+                f"{row.b:.1%} | {100 * row.difference:+.1f} | {100 * row.low:+.1f} to {100 * row.high:+.1f} | "
+                f"{row.a_better} | {row.b_better} | {row.p:.3g} |")
+        if margin is not None:
+            count = row.answers_needed(margin)
+            line += f" {'never' if count is None else count} |"
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 
-def as_json(a: ArmAnswers, b: ArmAnswers, rows: Sequence[Difference]) -> dict[str, Any]:
-    return {"a": a.label, "b": b.label, "differences": [asdict(row) for row in rows]}
+def as_json(a: ArmAnswers, b: ArmAnswers, rows: Sequence[Difference], *,
+            margin: float | None = None) -> dict[str, Any]:
+    differences = [asdict(row) | ({"answers_needed": row.answers_needed(margin)} if margin is not None else {})
+                   for row in rows]
+    return {"a": a.label, "b": b.label, **({"margin": margin} if margin is not None else {}),
+            "differences": differences}
 
 
 def _split_spec(spec: str) -> tuple[Path, str | None]:

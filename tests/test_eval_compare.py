@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import random
 import tempfile
 from pathlib import Path
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from tooltrie.cli import main
 from tooltrie.compiler import Contract
-from tooltrie.eval.compare import ArmAnswers, bootstrap_interval, compare, sign_test
+from tooltrie.eval.compare import ArmAnswers, answers_needed, bootstrap_interval, compare, sign_test
 from tooltrie.eval.report import markdown
 from tooltrie.eval.results import ResultsError, write_results_files
 from tooltrie.eval.scoring import score, summarize
@@ -179,3 +180,50 @@ def test_a_rows_interval_does_not_depend_on_the_other_rows(tmp_path: Path) -> No
         for row in compare(x, y, rates=[rate], resamples=500):
             assert row == every[rate, row.k]
     assert compare(x, y, resamples=500, seed=1) != list(every.values())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(-0.5, 0.5), st.floats(0.0, 1.0), st.floats(0.001, 0.2))
+def test_answers_needed_is_the_fewest_whose_lower_bound_reaches_the_margin(difference: float, spread: float,
+                                                                          margin: float) -> None:
+    needed = answers_needed(difference, spread, margin)
+    if difference + margin <= 0:
+        assert needed is None
+        return
+    assert needed is not None
+
+    def lower_bound(n: int) -> float:
+        return difference - 1.96 * spread / math.sqrt(n)
+
+    assert needed >= 1 and lower_bound(needed) >= -margin - 1e-9
+    if needed > 1:
+        assert lower_bound(needed - 1) < -margin
+
+
+def test_answers_needed_agrees_with_the_bootstrap() -> None:
+    """Repeat a set of per-answer differences until there are as many as it says: the bootstrap interval's lower
+    bound then reaches the margin, and with a fifth fewer it does not."""
+    differences = np.array([1.0] * 9 + [-1.0] * 8 + [0.0] * 83)  # +1 point, 17 of 100 answers differ
+    needed = answers_needed(float(differences.mean()), float(differences.std(ddof=1)), 0.02)
+    assert needed is not None and 400 < needed < 1000
+    for copies, reaches in ((math.ceil(1.1 * needed / 100), True), (math.floor(0.8 * needed / 100), False)):
+        low, _ = bootstrap_interval(np.tile(differences, copies), resamples=20_000, rng=np.random.default_rng(0))
+        assert (low >= -0.02) == reaches
+
+
+def test_the_command_says_how_many_answers_a_margin_needs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    answers = [{"query": f"q{i}", "gold": ["a"], "x": {"predicted": ["a" if i % 10 else "b"]},
+                "y": {"predicted": ["a" if i % 10 != 1 else "b"]}} for i in range(40)]  # 4 answers each way
+    run = results_file(tmp_path / "run", answers)
+    x, y = ArmAnswers.load(f"{run}:x"), ArmAnswers.load(f"{run}:y")
+    row = compare(x, y, rates=["exact"], resamples=100)[0]
+    assert row.spread == pytest.approx(np.std([1.0] * 4 + [-1.0] * 4 + [0.0] * 32, ddof=1))
+    assert row.answers_needed(0.02) == answers_needed(0.0, row.spread, 0.02) == 1971
+    assert main(["compare", f"{run}:x", f"{run}:y", "--rates", "exact", "--margin", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "| answers for A >= B - 2 |" in out and "| 4 | 4 | 1 | 1971 |" in out
+    assert main(["compare", f"{run}:x", f"{run}:y", "--rates", "exact", "--margin", "2", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["margin"] == 0.02 and report["differences"][0]["answers_needed"] == 1971
+    assert main(["compare", f"{run}:x", f"{run}:y", "--margin", "200"]) == 2
+    assert "--margin 200: give points between 0 and 100" in capsys.readouterr().err
