@@ -3,7 +3,8 @@ plainly worded (their test splits) and need-describing (``NEEDS``' test halves) 
 eval`` runs (the arm ``--ranker auto`` resolves to for the shipped adapter: fused, at the catalog's own weights on
 the catalog) paired, request by request, with dense retrieval, the lexical and hybrid priors, a plain BM25 over
 name + description (bm25s's defaults) and that BM25 and the dense scores z-scored and summed 1:1 (no model;
-``sweep_prior_loro.py``'s arms). Exact set and recall@k, k = 1 and k >= 2 apart, 95 % bootstrap intervals. Prints
+``sweep_prior_loro.py``'s arms). Exact set and recall@k, k = 1 and k >= 2 apart, 95 % bootstrap intervals, and how
+many requests like these an interval would need to show the default at most ``MARGIN`` below the other arm. Prints
 tables and writes JSON.
 
     .venv/bin/python bench/default_against_retrieval.py \\
@@ -22,7 +23,7 @@ from _common import print_table, write_results
 from sweep_fusion_adaptive import NEEDS, NeedSet
 from sweep_prior_loro import CACHE, GROUPS, REGISTRIES, Registryset, fuse, paired, per_query_rates
 
-from tooltrie.eval.compare import ArmAnswers
+from tooltrie.eval.compare import ArmAnswers, answers_needed
 from tooltrie.eval.datasets import registry_path
 from tooltrie.eval.scoring import answer_rates
 from tooltrie.lexical import LexicalIndex
@@ -30,6 +31,7 @@ from tooltrie.ranker import HYBRID, Ranker, embeddings_path, standardized
 from tooltrie.registry import load_registry
 
 BASELINES = ("dense", "lexical", "hybrid", "plain BM25", "plain BM25 + dense")
+MARGIN = 0.02  # "at least the best retrieval arm": a paired lower bound of -2 points or better
 
 
 def baseline_scores(data: Registryset) -> dict[str, np.ndarray]:
@@ -93,20 +95,24 @@ def main(argv: list[str] | None = None) -> int:
                                                                for r in ("exact", "recall")}
                     row[arm] = f"{100 * rates['exact'][mask].mean():.1f} / {100 * rates['recall'][mask].mean():.1f}"
                 rows.append(row)
-                for other in (best, "plain BM25 + dense"):
-                    pair = paired(per_arm["default"]["exact"][mask], per_arm[other]["exact"][mask],
-                                  (list(REGISTRIES).index(name), list(GROUPS).index(group), BASELINES.index(other),
-                                   ("plain", "need").index(kind)))
+                for other in dict.fromkeys((best, "plain BM25 + dense")):  # the best may be the 1:1 sum
+                    ours, theirs = per_arm["default"]["exact"][mask], per_arm[other]["exact"][mask]
+                    seed = (list(REGISTRIES).index(name), list(GROUPS).index(group), BASELINES.index(other),
+                            ("plain", "need").index(kind))
+                    pair: dict[str, Any] = paired(ours, theirs, seed)
+                    spread = float((ours - theirs).std(ddof=1)) if len(ours) > 1 else 0.0
+                    pair["requests needed"] = answers_needed(pair["difference"], spread, MARGIN)
                     cell["paired"].setdefault(f"default - {other}", {})[group] = pair
                     pair_rows.append({"registry": name, "requests": kind, "k": group,
                                       "pair": f"default - {other}",
                                       "exact diff": f"{100 * pair['difference']:+.1f}",
                                       "95 % interval": f"{100 * pair['low']:+.1f} to {100 * pair['high']:+.1f}",
-                                      "better/worse": f"{pair['better']}/{pair['worse']}"})
+                                      "better/worse": f"{pair['better']}/{pair['worse']}",
+                                      f"n for >= -{100 * MARGIN:g}": pair["requests needed"] or "never"})
             results[name][kind] = cell
     print_table(rows, title="test splits: exact set / recall@k (%)")
     print_table(pair_rows, title="paired: the default against the best retrieval arm and the plain 1:1 sum")
-    settings = {"registries": REGISTRIES, "needs": NEEDS, "baselines": BASELINES}
+    settings = {"registries": REGISTRIES, "needs": NEEDS, "baselines": BASELINES, "margin": MARGIN}
     path = write_results("default-against-retrieval", settings=settings, results=results, out=args.output, compact=True)
     print(f"wrote {Path(path)}")
     return 0
