@@ -5,9 +5,13 @@ and differs in a short tail (the query, then the answer). Hugging Face's key/val
 prefix per row, and every decoding step copies and re-reads all of them: at batch 16 that was two thirds of the
 time. Here the prefix's keys and values are computed once and stored once; each row keeps only its own tail, in a
 cache preallocated per slot (rows join and leave without moving the others). Attention scores against the shared
-prefix and against the row's tail are computed apart and normalised together by one softmax, which is exactly
-attention over their concatenation; or, when that costs little (a short prefix), the prefix's keys are joined to
-the tails and one fused attention call runs.
+prefix and against the row's tail are joined and normalised by one softmax, which is exactly attention over their
+concatenation, without copying the prefix's keys or values for each row.
+
+A row's result does not depend on what shares its pass: each row's scores are laid out as alone (its share of the
+prefix, then its tail; keys beyond its own tail, where another row's is longer, masked out) and every product and
+reduction over them adds the masked keys' exact zeros, so the same request gets the same answer, bit for bit, alone or
+in a batch of any others (``tests/test_serve_decoder.py``).
 
 A pass may also feed, after a row's tokens, speculative runs (the engine's guesses at what it will feed next): each
 run sees the row and itself, not the other runs (tree attention), and the row keeps the one it ``adopt``s.
@@ -45,7 +49,8 @@ LowRankUpdates = Mapping[Any, tuple[torch.Tensor, torch.Tensor]]
 
 @dataclass(frozen=True)
 class Prefix:
-    """A prompt prefix's keys and values, one copy for all rows: per layer ``[kv_heads, length, head_dim]``."""
+    """A prompt prefix's keys and values, one copy for all rows: per layer ``[kv_heads, length, head_dim]``, in
+    float32 (attention's own precision here, ``SharedPrefixDecoder._attend``)."""
 
     ids: tuple[int, ...]
     keys: list[torch.Tensor]
@@ -60,15 +65,9 @@ PrefixGroup = tuple[Prefix, torch.Tensor, torch.Tensor | None]
 
 
 class SharedPrefixDecoder:
-    """Runs ``model``'s decoder for up to ``slots`` rows at once, each row a prefix (shared) plus its own tail.
+    """Runs ``model``'s decoder for up to ``slots`` rows at once, each row a prefix (shared) plus its own tail."""
 
-    A pass attends in one of two ways. When its rows share one prefix and ``join_limit`` allows, the prefix's keys
-    are joined to each row's tail and one fused attention call does the rest (with the short prompt: always, and the
-    fewest operations, which is what a lone ``ask`` waits on). Otherwise (rows on several prefixes, or a long prefix
-    times many rows, which the join would copy every layer) scores against the prefix and the tails are computed
-    apart and normalised together."""
-
-    def __init__(self, model: Any, slots: int, *, capacity: int = 64, join_limit: int = 4096,
+    def __init__(self, model: Any, slots: int, *, capacity: int = 64,
                  adapter: LowRankUpdates | None = None) -> None:
         """``adapter``: a LoRA adapter's updates of the model's linear layers (``serve.adapter.low_rank_updates``),
         added to their outputs in each pass: the model's weights stay as they are, shared with every other decoder
@@ -87,7 +86,6 @@ class SharedPrefixDecoder:
         self.kv_heads = config.num_key_value_heads
         self.groups = self.heads // self.kv_heads
         self.scaling = attention.scaling
-        self.join_limit = join_limit  # most prefix keys (rows x prefix length) a pass joins to the tails
         weight = self.embed.weight
         self.device, self.dtype = weight.device, weight.dtype
         self.slots = slots
@@ -101,11 +99,11 @@ class SharedPrefixDecoder:
 
     def _allocate(self, capacity: int) -> None:
         """(Re)allocate the tail caches with room for ``capacity`` tokens per slot, keeping what they hold."""
-        shape = (self.slots, self.kv_heads, capacity, self.head_dim)
+        shape = (self.kv_heads, self.slots, capacity, self.head_dim)  # key-value heads first, as attention reads
         old = len(self._tail_keys) > 0
         for store in (self._tail_keys, self._tail_values):
             for i in range(len(self.blocks)):
-                fresh = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                fresh = torch.zeros(shape, dtype=torch.float32, device=self.device)  # attention's precision
                 if old:
                     fresh[:, :, : store[i].shape[2]] = store[i]
                     store[i] = fresh
@@ -126,7 +124,7 @@ class SharedPrefixDecoder:
             values.append(v.contiguous())
             out = F.scaled_dot_product_attention(q, keys[-1], values[-1], is_causal=True, scale=self.scaling,
                                                  enable_gqa=self.groups > 1)  # [H, P, d]
-            hidden = self._finish_block(block, hidden, out.transpose(0, 1).reshape(len(ids), -1))
+            hidden = self._finish_block(block, hidden, out.transpose(0, 1).reshape(len(ids), -1).to(self.dtype))
         return Prefix(ids=tuple(ids), keys=keys, values=values)
 
     def start(self, slot: int, prefix: Prefix, used: int) -> None:
@@ -179,14 +177,8 @@ class SharedPrefixDecoder:
         ancestors = layout.ancestors(self.device).gather(
             2, before.clamp(0, width - 1)[:, None].expand(-1, width, -1))
         sees_tail = (before < 0)[:, None] | ((before < width)[:, None] & ancestors)  # [n, w, S]
-        joined = len(groups_of_rows) == 1 and n * len(groups_of_rows[0][0]) <= self.join_limit
-        if joined:
-            prefix, _, hidden_keys = groups_of_rows[0]
-            sees_prefix = (torch.ones(n, len(prefix), dtype=torch.bool, device=self.device) if hidden_keys is None
-                           else ~hidden_keys)
-            sees = torch.cat((sees_prefix[:, None, None].expand(-1, -1, width, -1), sees_tail[:, None]), dim=-1)
-            # as an additive mask: the fused CPU kernel takes it as is (a boolean one is converted every call)
-            sees = torch.zeros(sees.shape, dtype=self.dtype, device=self.device).masked_fill_(~sees, float("-inf"))
+        masks = [_attention_mask(prefix, hidden_keys, sees_tail[members], groups, self.device)
+                 for prefix, members, hidden_keys in groups_of_rows]
         # Feeds of one length (a lone row, or a step of single tokens) are already laid out by row: no scatter.
         padded = all(len(tokens) == width for tokens in packed)
         # Consecutive slots (always so for a lone row) are read from the tail caches as views, not gathered.
@@ -200,27 +192,20 @@ class SharedPrefixDecoder:
         for i, block in enumerate(self.blocks):
             q, k, v = self._project(block, hidden, turns)  # q [T, H, d]; k, v [T, KV, d]
             if stretch is not None:
-                self._tail_keys[i][slots[0], :, stretch] = k.transpose(0, 1)
-                self._tail_values[i][slots[0], :, stretch] = v.transpose(0, 1)
+                self._tail_keys[i][:, slots[0], stretch] = k.transpose(0, 1)
+                self._tail_values[i][:, slots[0], stretch] = v.transpose(0, 1)
             else:
-                self._tail_keys[i][slot_of, :, place] = k
-                self._tail_values[i][slot_of, :, place] = v
+                self._tail_keys[i][:, slot_of, place] = k.transpose(0, 1)
+                self._tail_values[i][:, slot_of, place] = v.transpose(0, 1)
             if padded:
                 by_row = q.view(n, width, kv * groups, d)
             else:
                 by_row = q.new_zeros(n, width, kv * groups, d)
                 by_row[row_of, offset_of] = q
             cached = (self._tail_keys[i], self._tail_values[i])
-            tail_k, tail_v = (c[consecutive, :, :tail_width] if consecutive else c[rows, :, :tail_width]
+            tail_k, tail_v = (c[:, consecutive, :tail_width] if consecutive else c[:, rows, :tail_width]
                               for c in cached)
-            if joined:
-                keys = torch.cat((prefix.keys[i].expand(n, -1, -1, -1), tail_k), dim=2)  # [n, KV, P+S, d]
-                values = torch.cat((prefix.values[i].expand(n, -1, -1, -1), tail_v), dim=2)
-                out = F.scaled_dot_product_attention(by_row.transpose(1, 2), keys, values, attn_mask=sees,
-                                                     scale=self.scaling, enable_gqa=groups > 1)  # [n, H, w, d]
-                out = out.transpose(1, 2)  # [n, w, H, d]
-            else:
-                out = self._attend_apart(by_row, groups_of_rows, i, tail_k, tail_v, sees_tail)
+            out = self._attend(by_row, groups_of_rows, masks, i, tail_k, tail_v).to(self.dtype)
             out = out.reshape(n * width, -1) if padded else out[row_of, offset_of].reshape(len(row_of), -1)
             hidden = self._finish_block(block, hidden, out)
         fed = torch.tensor([len(feed) for feed in feeds], device=self.device)
@@ -239,50 +224,43 @@ class SharedPrefixDecoder:
         end = int(self.tail_length[slot])
         if place != end:
             for store in (*self._tail_keys, *self._tail_values):
-                store[slot, :, end : end + length] = store[slot, :, place : place + length].clone()
+                store[:, slot, end : end + length] = store[:, slot, place : place + length].clone()
         self.tail_length[slot] = end + length
         self._runs[slot] = []
 
-    def _attend_apart(self, by_row: torch.Tensor, groups_of_rows: list[PrefixGroup], layer: int,
-                       tail_k: torch.Tensor, tail_v: torch.Tensor, sees_tail: torch.Tensor) -> torch.Tensor:
-        """Attention of the queries ``by_row`` [n, w, H, d] over each row's prefix and tail, the two scored apart
-        (the prefix is never copied); returns [n, w, H, d]."""
+    def _attend(self, by_row: torch.Tensor, groups_of_rows: list[PrefixGroup], masks: list[torch.Tensor],
+                layer: int, tail_k: torch.Tensor, tail_v: torch.Tensor) -> torch.Tensor:
+        """Attention of the queries ``by_row`` [n, w, H, d] over each row's prefix and tail (``tail_k``, ``tail_v``
+        [KV, n, S, d]); returns [n, w, H, d] in float32. Attention runs in float32 whatever the model's dtype: its
+        products are small (a few query rows against some dozens of keys), take a third of bfloat16's time on a
+        CPU, and are more exact."""
         n, width, _, d = by_row.shape
-        kv, groups, tail_width = self.kv_heads, self.groups, tail_k.shape[2]
-        grouped = by_row.view(n, width, kv, groups, d).permute(0, 2, 3, 1, 4).reshape(n, kv, groups * width, d)
-        # Against each row's own tail: small, one product per row.
-        tail = torch.matmul(grouped, tail_k.transpose(-1, -2)).float()  # [n, KV, G*w, S]
-        tail = tail.mul_(self.scaling).view(n, kv, groups, width, tail_width).masked_fill_(
-            ~sees_tail[:, None, None], float("-inf")).view(n, kv, groups * width, tail_width)
+        kv, groups = self.kv_heads, self.groups
+        q = by_row.view(n, width, kv, groups, d).permute(2, 0, 3, 1, 4).reshape(kv, n, groups * width, d)
         if len(groups_of_rows) == 1:  # every row on one prefix: no split
-            prefix, _, hidden_keys = groups_of_rows[0]
-            out = self._attend(grouped, prefix, layer, hidden_keys, tail, tail_v)
+            out = self._attend_group(q, groups_of_rows[0][0], masks[0], layer, tail_k, tail_v)
         else:
-            out = torch.empty_like(grouped)
-            for prefix, members, hidden_keys in groups_of_rows:
-                out[members] = self._attend(grouped[members], prefix, layer, hidden_keys, tail[members],
-                                            tail_v[members])
-        return out.view(n, kv, groups, width, d).permute(0, 3, 1, 2, 4).reshape(n, width, kv * groups, d)
+            out = torch.empty_like(q)
+            for (prefix, members, _), mask in zip(groups_of_rows, masks, strict=True):
+                out[:, members] = self._attend_group(q[:, members], prefix, mask, layer, tail_k[:, members],
+                                                     tail_v[:, members])
+        return out.view(kv, n, groups, width, d).permute(1, 3, 0, 2, 4).reshape(n, width, kv * groups, d)
 
-    def _attend(self, q: torch.Tensor, prefix: Prefix, layer: int, hidden_keys: torch.Tensor | None,
-                tail: torch.Tensor, tail_values: torch.Tensor) -> torch.Tensor:
-        """Attention of ``q`` [m, KV, M, d] over the shared prefix and each row's tail (scaled, masked scores
-        ``tail`` [m, KV, M, S]): one softmax over both, computed in two parts so the prefix is never copied.
-        ``hidden_keys`` [m, P] marks prefix keys a row does not see (None: every row sees the whole prefix)."""
-        m, kv, rows_per, d = q.shape
-        # Every row's queries against the one prefix: a single product per KV head, [KV, m*M, P].
-        flat = q.transpose(0, 1).reshape(kv, m * rows_per, d)
-        scores = torch.matmul(flat, prefix.keys[layer].transpose(-1, -2)).float().mul_(self.scaling)
-        if hidden_keys is not None:  # a row whose prompt parts from the prefix early sees less of it
-            scores = scores.view(kv, m, rows_per, -1).masked_fill_(hidden_keys[None, :, None], float("-inf"))
-            scores = scores.view(kv, m * rows_per, -1)
-        top = torch.maximum(scores.amax(-1).view(kv, m, rows_per).transpose(0, 1), tail.amax(-1))  # [m, KV, M]
-        scores = scores.sub_(top.transpose(0, 1).reshape(kv, m * rows_per, 1)).exp_()
-        tail = (tail - top[..., None]).exp_()
-        total = scores.sum(-1).view(kv, m, rows_per).transpose(0, 1) + tail.sum(-1)
-        out = torch.matmul(scores.to(q.dtype), prefix.values[layer]).view(kv, m, rows_per, d).transpose(0, 1)
-        out = out + torch.matmul(tail.to(q.dtype), tail_values)
-        return out / total[..., None].to(q.dtype)
+    def _attend_group(self, q: torch.Tensor, prefix: Prefix, mask: torch.Tensor, layer: int, tail_keys: torch.Tensor,
+                      tail_values: torch.Tensor) -> torch.Tensor:
+        """Attention of ``q`` [KV, m, M, d] over one shared prefix and each row's tail (``tail_keys``,
+        ``tail_values`` [KV, m, S, d]): the prefix's scores beside the tail's, one softmax over both under ``mask``
+        (additive, [m, M, P + S]), the two value products summed. Every row's queries meet the prefix's keys and
+        values in one product per key-value head: they are read once, never copied per row."""
+        kv, m, rows_per, d = q.shape
+        length = len(prefix)
+        on_prefix = torch.matmul(q.reshape(kv, m * rows_per, d), prefix.keys[layer].transpose(-1, -2))
+        on_tail = torch.matmul(q, tail_keys.transpose(-1, -2))  # [KV, m, M, S]
+        scores = torch.cat((on_prefix.view(kv, m, rows_per, length), on_tail), dim=-1)
+        weights = scores.mul_(self.scaling).add_(mask).softmax(-1)  # [KV, m, M, P + S]
+        out = torch.matmul(weights[..., length:], tail_values)
+        from_prefix = torch.matmul(weights[..., :length].reshape(kv, m * rows_per, length), prefix.values[layer])
+        return out.add_(from_prefix.view(kv, m, rows_per, d))
 
     def _prefix_groups(self, slots: list[int], used: torch.Tensor) -> list[PrefixGroup]:
         """The prefixes the rows use, each with the positions (in ``slots``) of its rows and which of its keys
@@ -310,12 +288,13 @@ class SharedPrefixDecoder:
 
     def _project(self, block: _Block, hidden: torch.Tensor,
                  turns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries [T, H, d], keys and values [T, KV, d] of packed tokens, rotary positions applied."""
+        """Queries [T, H, d], keys and values [T, KV, d] of packed tokens, rotary positions applied, in float32
+        (attention's precision, ``_attend``)."""
         x = _rms_normalized(hidden, block.eps)  # the norm's weight is in qkv's
         qkv = block.qkv(x).view(x.shape[0], -1, self.head_dim)
         heads = self.heads
         qk = _rotate(qkv[:, : heads + self.kv_heads], turns)  # queries and keys turned together
-        return qk[:, :heads], qk[:, heads:], qkv[:, heads + self.kv_heads :]
+        return qk[:, :heads], qk[:, heads:], qkv[:, heads + self.kv_heads :].float()
 
     @staticmethod
     def _finish_block(block: _Block, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
@@ -323,6 +302,20 @@ class SharedPrefixDecoder:
         hidden = hidden + block.o(attended)
         gate, up = block.gate_up(_rms_normalized(hidden, block.eps)).chunk(2, dim=-1)
         return hidden + block.down(block.act(gate) * up)
+
+
+def _attention_mask(prefix: Prefix, hidden_keys: torch.Tensor | None, sees_tail: torch.Tensor, groups: int,
+                    device: torch.device) -> torch.Tensor:
+    """The additive mask (0 where a query sees the key, -inf where not) of one prefix's rows [m, G*w, P + S]: each
+    row's share of the prefix (``hidden_keys`` [m, P], True where a row does not see a key; None: every row sees all
+    of it), then what each of its ``w`` query places sees of its tail (``sees_tail`` [m, w, S]), the same for the
+    ``groups`` query heads of a key-value head."""
+    m, width, tail_width = sees_tail.shape
+    sees_prefix = (torch.ones(m, len(prefix), dtype=torch.bool, device=device) if hidden_keys is None
+                   else ~hidden_keys)
+    sees = torch.cat((sees_prefix[:, None].expand(-1, width, -1), sees_tail), dim=-1)  # [m, w, P + S]
+    sees = sees[:, None].expand(-1, groups, -1, -1).reshape(m, groups * width, len(prefix) + tail_width)
+    return torch.zeros(sees.shape, dtype=torch.float32, device=device).masked_fill_(~sees, float("-inf"))
 
 
 class _Layout:
@@ -495,9 +488,9 @@ def _rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _rotate(x: torch.Tensor, turns: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding of ``x`` [T, heads, d] whose head dimensions are stored in pairs (``_paired``):
-    each pair, a complex number, times its position's turn (``turns`` [T, d/2]), in float32."""
+    each pair, a complex number, times its position's turn (``turns`` [T, d/2]); in float32, as it returns."""
     pairs = torch.view_as_complex(x.float().view(*x.shape[:-1], -1, 2))
-    return torch.view_as_real(pairs * turns[:, None]).flatten(-2).to(x.dtype)
+    return torch.view_as_real(pairs * turns[:, None]).flatten(-2)
 
 
 def _paired(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
