@@ -8,10 +8,12 @@ cache preallocated per slot (rows join and leave without moving the others). Att
 prefix and against the row's tail are joined and normalised by one softmax, which is exactly attention over their
 concatenation, without copying the prefix's keys or values for each row.
 
-A row's result does not depend on what shares its pass: each row's scores are laid out as alone (its share of the
-prefix, then its tail; keys beyond its own tail, where another row's is longer, masked out) and every product and
-reduction over them adds the masked keys' exact zeros, so the same request gets the same answer, bit for bit, alone or
-in a batch of any others (``tests/test_serve_decoder.py``).
+A row's result does not depend on what shares its pass: its scores are laid out as alone (its share of the prefix,
+then its tail; keys beyond its own tail, where another row's is longer, masked out), and every product and reduction
+over them only adds the masked keys' exact zeros. Where the projections also give each row the same result whatever
+the number of rows (bfloat16 on a CPU with bfloat16 units, as served there; not MKL's float32 products, which take
+other kernels for a few rows), the same request gets the same answer, bit for bit, alone or in a batch of any others
+(``tests/test_serve_decoder.py``).
 
 A pass may also feed, after a row's tokens, speculative runs (the engine's guesses at what it will feed next): each
 run sees the row and itself, not the other runs (tree attention), and the row keeps the one it ``adopt``s.
@@ -19,7 +21,8 @@ run sees the row and itself, not the other runs (tree attention), and the row ke
 A small model's pass over a few dozen tokens on a CPU is mostly per-operation overhead, so a layer is written in few
 operations: q, k and v as one projection, gate and up as another, queries and keys rotated together as complex
 numbers (their projection's rows stored in pairs, ``_paired``), the norms' weights folded into the projections after
-them, fused attention; and in bfloat16 the projections' weights are prepacked for oneDNN.
+them, attention in float32 (small products, faster than bfloat16's on a CPU); and in bfloat16 the projections'
+weights are prepacked for oneDNN.
 
 The weights are the Hugging Face model's own (embeddings, norms, projections, MLPs, rotary embedding), so
 the results match ``model(...)`` up to float rounding (``tests/test_serve_decoder.py`` checks it). Supported:
