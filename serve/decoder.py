@@ -208,8 +208,9 @@ class SharedPrefixDecoder:
             cached = (self._tail_keys[i], self._tail_values[i])
             tail_k, tail_v = (c[:, consecutive, :tail_width] if consecutive else c[:, rows, :tail_width]
                               for c in cached)
-            out = self._attend(by_row, groups_of_rows, masks, i, tail_k, tail_v).to(self.dtype)
-            out = out.reshape(n * width, -1) if padded else out[row_of, offset_of].reshape(len(row_of), -1)
+            out = self._attend(by_row, groups_of_rows, masks, i, tail_k, tail_v)
+            out = (out.reshape(n * width, -1) if padded else out[row_of, offset_of].reshape(len(row_of), -1)).to(
+                self.dtype)
             hidden = self._finish_block(block, hidden, out)
         fed = torch.tensor([len(feed) for feed in feeds], device=self.device)
         self.tail_length[rows] = start + fed  # the runs' keys and values lie beyond, until adopted or overwritten
