@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                 "dtype": str(info.dtype).removeprefix("torch."),
                 "target_engine_k1_ms": TARGET_K1_MS, "load_average_at_start": machine_info()["load_average"]}
     path = write_results("ask", settings=settings, results={"rows": rows, "mismatches": mismatches,
-                                                            "measured_at": time.time()}, out=args.out)
+                                                            "measured_at": time.time()}, out=args.out,
+                         compact=True)
     print(f"wrote {path}")
     return 0
 
