@@ -23,7 +23,7 @@ from _common import print_table, write_results
 from sweep_fusion_adaptive import NEEDS, NeedSet
 from sweep_prior_loro import CACHE, GROUPS, REGISTRIES, Registryset, fuse, paired, per_query_rates
 
-from tooltrie.eval.compare import ArmAnswers, answers_needed
+from tooltrie.eval.compare import ArmAnswers, answers_needed, spread
 from tooltrie.eval.datasets import registry_path
 from tooltrie.eval.scoring import answer_rates
 from tooltrie.lexical import LexicalIndex
@@ -100,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                     seed = (list(REGISTRIES).index(name), list(GROUPS).index(group), BASELINES.index(other),
                             ("plain", "need").index(kind))
                     pair: dict[str, Any] = paired(ours, theirs, seed)
-                    spread = float((ours - theirs).std(ddof=1)) if len(ours) > 1 else 0.0
-                    pair["requests needed"] = answers_needed(pair["difference"], spread, MARGIN)
+                    pair["requests needed"] = answers_needed(pair["difference"], spread(ours - theirs), MARGIN)
                     cell["paired"].setdefault(f"default - {other}", {})[group] = pair
                     pair_rows.append({"registry": name, "requests": kind, "k": group,
                                       "pair": f"default - {other}",

@@ -17,12 +17,13 @@ and with the score as shipped.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 from typing import Any
 
 import numpy as np
 from _common import print_table, write_results
-from sweep_names_first import STOP_LISTS, Sets, best, paired_cells, rate_cells, text
+from sweep_names_first import Sets, best, paired_cells, rate_cells, text
 from sweep_prior_loro import REGISTRIES, per_query_rates
 
 from tooltrie.lexical import BM25_PARAMETERS, FIELD_WEIGHTS, STOPWORDS, identifier_words
@@ -36,6 +37,7 @@ def label(candidate: Candidate) -> str:
     return f"{candidate[0]} {candidate[1]:g}"
 
 
+@functools.cache
 def coverage(sets: Sets, name: str, kind: str, split: str) -> np.ndarray:
     """[requests, tools]: the share of each tool's name words (stop words out) that the request holds."""
     data = sets.data[name][kind]
@@ -49,9 +51,8 @@ def coverage(sets: Sets, name: str, kind: str, split: str) -> np.ndarray:
 
 def rates(sets: Sets, name: str, kind: str, split: str, candidate: Candidate) -> dict[str, Any]:
     data = sets.data[name][kind]
-    stop = next(n for n, words in STOP_LISTS.items() if words == STOPWORDS)
     lexical = data.lexical(split, BM25_PARAMETERS["k1"], BM25_PARAMETERS["b"], tuple(FIELD_WEIGHTS.values()),
-                           STOP_LISTS[stop])
+                           STOPWORDS)
     form, weight = candidate
     scale = 1.0 if form == "absolute" else lexical.max(axis=1, keepdims=True)
     return per_query_rates(lexical + weight * scale * coverage(sets, name, kind, split), data.queries[split],

@@ -137,10 +137,14 @@ def compare(a: ArmAnswers, b: ArmAnswers, *, rates: Sequence[str] = tuple(RATES)
             entropy = [seed, list(RATES).index(rate), k or 0, *([1 + kinds.index(kind)] if kind else [])]
             low, high = bootstrap_interval(x - y, resamples=resamples, rng=np.random.default_rng(entropy))
             wins, losses = int((x > y).sum()), int((x < y).sum())
-            spread = float((x - y).std(ddof=1)) if len(chosen) > 1 else 0.0
             rows.append(Difference(rate, k, len(chosen), float(x.mean()), float(y.mean()), low, high, wins, losses,
-                                   sign_test(wins, losses), kind, spread))
+                                   sign_test(wins, losses), kind, spread(x - y)))
     return rows
+
+
+def spread(differences: np.ndarray) -> float:
+    """The sample standard deviation of per-answer differences (0 for fewer than two)."""
+    return float(differences.std(ddof=1)) if len(differences) > 1 else 0.0
 
 
 def answers_needed(difference: float, spread: float, margin: float, *, z: float = 1.96) -> int | None:
