@@ -51,10 +51,21 @@ from tooltrie.integrations.vllm_rows import (
     EXTRA_ARGS_KEY,
     ArtifactRows,
     RequestArgs,
+    ServedModel,
     load_artifact,
     parse_request_args,
+    record_served,
     request_args,
+    validate_request,
 )
+
+
+def served(vllm_config: Any) -> ServedModel | None:
+    """The model this vLLM serves, recorded in the artifact root for admission's checks (``record_served``)."""
+    model = ServedModel.of(vllm_config)
+    if model is not None:
+        record_served(model)
+    return model
 
 
 def processor_class() -> type[TrieVllmProcessor] | type[TrieVllmProcessorV1]:
@@ -73,19 +84,14 @@ class TrieVllmProcessor(V2LogitsProcessor):  # type: ignore[misc,unused-ignore] 
 
     def __init__(self, vllm_config: Any, req_states: LogitsProcRequestState) -> None:
         self.req_states = req_states
-        self.rows = ArtifactRows(getattr(req_states, "device", None))
+        self.rows = ArtifactRows(getattr(req_states, "device", None), served(vllm_config))
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
-        parse_request_args(sampling_params)
+        validate_request(sampling_params)
 
     def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
-        args = parse_request_args(sampling_params)
-        if args is None:
-            self.rows.remove(req_idx)  # the slot's previous occupant may have been ours
-            return False
-        self.rows.add(req_idx, args)
-        return True
+        return self.rows.admit(req_idx, sampling_params)  # a row it cannot add fails alone, never the step
 
     def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
         slots = [int(slot) for slot in ctx.idx_mapping_np]
@@ -112,6 +118,9 @@ class TrieVllmProcessor(V2LogitsProcessor):  # type: ignore[misc,unused-ignore] 
                 counts.append(0)
                 continue
             outputs = max(0, int(ctx.seq_lens_upper_bound_np[i]) - int(prompt_len[slot]))
+            if slot in self.rows.failed:  # ends with its stop token whatever it was fed
+                counts.append(0)
+                continue
             if outputs < self.rows.fed[slot]:
                 self.rows.add(slot, self.rows.args[slot])
             start = int(prompt_len[slot]) + self.rows.fed[slot]
@@ -136,12 +145,12 @@ class TrieVllmProcessorV1(V1LogitsProcessor):  # type: ignore[misc,unused-ignore
     """The V1 model runner's interface (``VLLM_USE_V2_MODEL_RUNNER=0``)."""
 
     def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-        self.state = ArtifactRows(device)
+        self.state = ArtifactRows(device, served(vllm_config))
         self.rows: dict[int, list[int]] = {}  # batch index -> vLLM's live list of the request's output tokens
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
-        parse_request_args(sampling_params)
+        validate_request(sampling_params)
 
     def is_argmax_invariant(self) -> bool:
         return False  # it decides the argmax: that is the point
@@ -155,13 +164,10 @@ class TrieVllmProcessorV1(V1LogitsProcessor):  # type: ignore[misc,unused-ignore
             self.state.remove(index)
             self.rows.pop(index, None)
         for index, params, _, output_ids in batch_update.added:
-            args = parse_request_args(params)
-            if args is None:
-                self.state.remove(index)
-                self.rows.pop(index, None)
-            else:
-                self.state.add(index, args)
+            if self.state.admit(index, params):  # a row it cannot add fails alone, never the step
                 self.rows[index] = output_ids
+            else:
+                self.rows.pop(index, None)
         for source, target, direction in batch_update.moved:
             swap = direction == MoveDirectionality.SWAP
             self.state.move(source, target, swap=swap)

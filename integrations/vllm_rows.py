@@ -50,8 +50,16 @@ FLAT_WEIGHT_KEY = "tooltrie_model_weight"  # the model's weight beside it (``Pri
 # the prior sent, the lexical index and the chains of the artifact's registry.
 FLAT_QUERY_KEY = "tooltrie_query"
 FLAT_FOLLOW_KEY = "tooltrie_follow"
+# The version of the follow-up's arithmetic and lexical settings the sender made the prior with
+# (``tooltrie.ranker.follow_version``): the processor subtracts its own lexical z-scores from the prior it was sent, so
+# both sides must score alike; a request made under other settings is refused, never silently followed differently.
+FLAT_FOLLOW_VERSION_KEY = "tooltrie_follow_version"
+# The artifact's sha256 (``Artifact.sha256``): sent by a client to pin the file it means, and written by validation
+# (``validate_request``) so that the engine step adds exactly the artifact that was validated.
+FLAT_SHA256_KEY = "tooltrie_sha256"
 FLAT_KEYS = {FLAT_ARTIFACT_KEY: "artifact", FLAT_K_KEY: "k", FLAT_TOOLS_KEY: "tools", FLAT_PRIOR_KEY: "prior",
-             FLAT_WEIGHT_KEY: "model_weight", FLAT_QUERY_KEY: "query", FLAT_FOLLOW_KEY: "follow"}
+             FLAT_WEIGHT_KEY: "model_weight", FLAT_QUERY_KEY: "query", FLAT_FOLLOW_KEY: "follow",
+             FLAT_FOLLOW_VERSION_KEY: "follow_version", FLAT_SHA256_KEY: "sha256"}
 FLAT_PREFIX = "tooltrie_"  # any other key with it is a typo, refused rather than silently unconstrained
 
 # The one directory vLLM's processor reads artifacts from, set where vLLM starts; a request names a file in it.
@@ -67,6 +75,29 @@ FAILED_TTL_S = 5.0
 FAILED_NAMES = 1024
 
 
+@dataclass(frozen=True)
+class RowLimits:
+    """What one request may ask of the processor, checked before any of its arguments is decoded or stored: a
+    request beyond a limit is refused at admission (vLLM answers 400), so no engine step ever sees it."""
+
+    max_k: int = 64
+    """Tools in one answer. Cost: while the request lives, every row of its artifact's state carries a used-tool
+    column per tool (``BatchState``), and the answer takes ``k`` times the longest name's tokens."""
+
+    max_query_chars: int = 2_000
+    """Characters of the request's text (``query``), which the follow-up scores at each tool: the endpoint's own
+    bound (``ServeLimits.max_query_chars``)."""
+
+    max_magnitude: float = 1e6
+    """The largest magnitude of a prior value, the model's weight and the follow-up's numbers: a fused value is a
+    weighted logit plus a prior, and the follow-up sums a few weighted z-scores (each under 100 in magnitude), so
+    with these bounds every float32 sum stays finite (a prior of 1e39 would overflow float32 at the step).
+    Retrieval-weighted priors are at most a few thousand."""
+
+
+LIMITS = RowLimits()
+
+
 Follow = tuple[float, float, float, float]  # FollowUp's lexical_weight, later_weight, covered, chain_weight
 
 
@@ -80,6 +111,7 @@ class RequestArgs:
     model_weight: float = 1.0  # the model's weight beside the prior
     query: str | None = None  # the request's text, which the prior that follows the answer reads; None: no follow-up
     follow: Follow | None = None  # how the prior follows the answer; None: it does not
+    sha256: str | None = None  # the artifact's sha256 as validated: the step adds that file or fails the row
 
 
 def artifact_root() -> Path:
@@ -94,15 +126,17 @@ def artifact_root() -> Path:
 
 def request_args(artifact: str | os.PathLike[str], k: int, *, tools: Collection[int] | None = None,
                  prior: Sequence[float] | npt.ArrayLike | None = None, model_weight: float = 1.0,
-                 follow: FollowUp | None = None, flat: bool = False) -> dict[str, Any]:
+                 follow: FollowUp | None = None, sha256: str | None = None, flat: bool = False) -> dict[str, Any]:
     """``SamplingParams.extra_args`` that ask for an answer of exactly ``k`` tools (of ``tools``, tool ids, if
     given) under an artifact, ranked by the fused ranker when ``prior`` (a float per tool, already weighted) is
     given, beside the model's scores weighted by ``model_weight``; with ``follow`` too (``Prior.follow``, a
     ``tooltrie.ranker.FollowUp`` of that prior), the prior follows the answer as in process: its request's text and
-    its four numbers travel (``query``, ``follow``). ``flat``: as top-level keys, the form vLLM's OpenAI server can
-    carry in a request's ``vllm_xargs``. ``artifact`` is a name in the processor's root (a string without a
-    separator), or a file (a path), which is then copied there under its content's name (:func:`publish_artifact`)
-    and named.
+    its four numbers travel (``query``, ``follow``), with the version of the follow-up's settings
+    (``follow_version``: the processor refuses another). ``sha256``: the artifact's (``Artifact.sha256``), which
+    pins the file: a request for a name that now holds another artifact is refused. ``flat``: as top-level keys,
+    the form vLLM's OpenAI server can carry in a request's ``vllm_xargs``. ``artifact`` is a name in the
+    processor's root (a string without a separator), or a file (a path), which is then copied there under its
+    content's name (:func:`publish_artifact`) and named.
 
     >>> request_args("catalog.trie.safetensors", 2)
     {'tooltrie': {'artifact': 'catalog.trie.safetensors', 'k': 2}}
@@ -130,6 +164,11 @@ def request_args(artifact: str | os.PathLike[str], k: int, *, tools: Collection[
         args["query"] = str(follow.query)
         args["follow"] = [float(follow.lexical_weight), float(follow.later_weight), float(follow.covered),
                           float(follow.chain_weight)]
+        from tooltrie.ranker import follow_version
+
+        args["follow_version"] = follow_version()
+    if sha256 is not None:
+        args["sha256"] = str(sha256)
     if flat:
         return {flat_key: args[key] for flat_key, key in FLAT_KEYS.items() if key in args}
     return {EXTRA_ARGS_KEY: args}
@@ -160,11 +199,113 @@ def _published(path: str, root: str, inode: int, size: int, mtime_ns: int) -> st
     return name
 
 
-def parse_request_args(params: Any) -> RequestArgs | None:
+@dataclass(frozen=True)
+class ServedModel:
+    """The model vLLM serves, as far as an artifact must fit it: its tokenizer's fingerprint (None: unknown, its
+    tokenizer is not one tooltrie reads), the width of its logits, and its stop token (what a failed row is ended
+    with)."""
+
+    fingerprint: str | None
+    vocab_size: int
+    stop_id: int | None = None
+
+    def misfit(self, artifact: Artifact) -> str | None:
+        """Why ``artifact`` cannot decode for this model, or None when it can."""
+        if self.fingerprint is not None and artifact.tokenizer_fingerprint != self.fingerprint:
+            return (f"was compiled for another tokenizer (fingerprint {artifact.tokenizer_fingerprint[:16]}...) than "
+                    f"the served model's ({self.fingerprint[:16]}...)")
+        if artifact.max_token_id >= self.vocab_size:
+            return (f"uses token id {artifact.max_token_id}, beyond the served model's vocabulary of "
+                    f"{self.vocab_size}")
+        return None
+
+    @classmethod
+    def of(cls, vllm_config: Any) -> ServedModel | None:
+        """The served model of a vLLM config (None when it tells too little): the logits' width from its model
+        config, the fingerprint and stop token from its tokenizer, read as ``TokenizerInfo`` reads one."""
+        model_config = getattr(vllm_config, "model_config", None)
+        if model_config is None:
+            return None
+        from tooltrie.compiler.tokenizer_info import TokenizerInfo
+
+        try:
+            info = TokenizerInfo.load(model_config.tokenizer)
+        except Exception:  # a tokenizer tooltrie does not read: the vocabulary's size is still checked
+            return cls(None, int(model_config.get_vocab_size()))
+        return cls(info.fingerprint, int(model_config.get_vocab_size()), info.eos_id)
+
+
+# Where the processor records the served model for admission. vLLM checks a request's arguments
+# (``validate_params``) in its front-end process, which is handed no config; the processor, made in the engine's
+# process with the config, writes the served model into the root once per process of its ancestry (the front end is
+# one of them), and admission reads the record of its own process id.
+SERVED_DIR = ".served"
+SERVED_ANCESTRY = 3  # the engine process, its parent and grandparent: vLLM's front end is one of them
+
+
+def record_served(served: ServedModel, *, root: Path | None = None) -> None:
+    """Record ``served`` for the front end's admission checks (:func:`check_served`); a root that cannot be written
+    leaves them to the engine's own check (the row fails instead of being refused)."""
+    import json
+    import logging
+
+    from tooltrie.compiler.artifact import write_atomically
+
+    folder = (artifact_root() if root is None else root) / SERVED_DIR
+    blob = json.dumps({"fingerprint": served.fingerprint, "vocab_size": served.vocab_size,
+                       "stop_id": served.stop_id}).encode()
+    pid = os.getpid()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for _ in range(SERVED_ANCESTRY):
+            if pid <= 1:
+                break
+            write_atomically(folder / f"{pid}.json", blob)
+            pid = _parent(pid)
+    except OSError as exc:
+        logging.getLogger(__name__).warning("cannot record the served model in %s (%s): admission will not check "
+                                            "artifacts' tokenizers; the engine still does", folder, exc)
+
+
+def _parent(pid: int) -> int:
+    if pid == os.getpid():
+        return os.getppid()
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def served_model(*, root: Path | None = None) -> ServedModel | None:
+    """The served model as the engine recorded it for this process (:func:`record_served`), or None."""
+    import json
+
+    path = (artifact_root() if root is None else root) / SERVED_DIR / f"{os.getpid()}.json"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        return ServedModel(record["fingerprint"], int(record["vocab_size"]), record["stop_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_served(artifact: Artifact, *, where: str = "request", served: ServedModel | None = None) -> None:
+    """Refuse an artifact that does not fit the served model (``served``; None: as recorded for this process)."""
+    served = served_model() if served is None else served
+    misfit = None if served is None else served.misfit(artifact)
+    if misfit is not None:
+        raise ValueError(f"{where}: the artifact {misfit}")
+
+
+def parse_request_args(params: Any, *, limits: RowLimits = LIMITS) -> RequestArgs | None:
     """The request's tooltrie arguments, nested (``{"tooltrie": {"artifact", "k", "tools", ...}}``) or flat
     (``tooltrie_artifact``, ``tooltrie_k``, ``tooltrie_tools``, ...: ``FLAT_KEYS``), or None if it did not ask for
     the constraint; ``ValueError`` (which vLLM turns into a refused request) when they are malformed, name no
-    artifact of the root or do not fit it."""
+    artifact of the root, do not fit it or pass a limit (``RowLimits``). Every bound is checked before the value it
+    bounds is decoded or copied (a prior's text by its length, a list by its size). Whatever the engine step will do
+    with the arguments is checked here: numbers whose float32 sums stay finite, the follow-up's version, the
+    artifact's tokenizer against the served model's (when the served model is known: :func:`served_model`); the
+    artifact's lexical index is made or read here too, not in the step."""
     extra = params.extra_args or {}
     flat_keys = sorted(key for key in extra if isinstance(key, str) and key.startswith(FLAT_PREFIX))
     flat_form = ", ".join(map(repr, FLAT_KEYS))
@@ -174,72 +315,106 @@ def parse_request_args(params: Any) -> RequestArgs | None:
                              f"(got {EXTRA_ARGS_KEY!r} and {', '.join(flat_keys)})")
         where, args = f"extra_args[{EXTRA_ARGS_KEY!r}]", extra[EXTRA_ARGS_KEY]
         form = ("{'artifact': name, 'k': int, 'tools': [int, ...] (optional), 'prior': [float, ...] and "
-                "'model_weight': float (optional), 'query': str and 'follow': [float, float, float] (optional, with "
-                "'prior')}")
+                "'model_weight': float (optional), 'query': str, 'follow': [float, float, float, float] and "
+                "'follow_version': str (optional, with 'prior'), 'sha256': str (optional)}")
         if not isinstance(args, dict) or set(args) - set(FLAT_KEYS.values()):
             raise ValueError(f"{where} must be {form}, got {_shown(args)}")
     elif flat_keys:
         unknown = [key for key in flat_keys if key not in FLAT_KEYS]
         if unknown:
-            raise ValueError(f"extra_args: unknown key {unknown[0]!r} (the flat form is {flat_form})")
+            raise ValueError(f"extra_args: unknown key {_shown(unknown[0])} (the flat form is {flat_form})")
         where = "extra_args"
         form = (f"{{{FLAT_ARTIFACT_KEY!r}: name, {FLAT_K_KEY!r}: int, {FLAT_TOOLS_KEY!r}: [int, ...] (optional), "
-                f"{FLAT_PRIOR_KEY!r}: [float, ...] and {FLAT_WEIGHT_KEY!r}: float (optional), {FLAT_QUERY_KEY!r}: str "
-                f"and {FLAT_FOLLOW_KEY!r}: [float, float, float] (optional, with {FLAT_PRIOR_KEY!r})}}")
+                f"{FLAT_PRIOR_KEY!r}: [float, ...] and {FLAT_WEIGHT_KEY!r}: float (optional), {FLAT_QUERY_KEY!r}: str, "
+                f"{FLAT_FOLLOW_KEY!r}: [float, float, float, float] and {FLAT_FOLLOW_VERSION_KEY!r}: str (optional, "
+                f"with {FLAT_PRIOR_KEY!r}), {FLAT_SHA256_KEY!r}: str (optional)}}")
         args = {FLAT_KEYS[key]: extra[key] for key in flat_keys}
     else:
         return None
-    artifact, k, tools = args.get("artifact"), args.get("k"), args.get("tools")
-    if not isinstance(artifact, str) or type(k) is not int or not (
-            tools is None or (isinstance(tools, list) and all(type(tool) is int for tool in tools))):
+    artifact, k, tools, sha256 = args.get("artifact"), args.get("k"), args.get("tools"), args.get("sha256")
+    if not isinstance(artifact, str) or type(k) is not int or not (tools is None or isinstance(tools, list)) or not (
+            sha256 is None or isinstance(sha256, str)):
         raise ValueError(f"{where} must be {form}, got {_shown(args)}")
     from tooltrie.kernels.state import check_k, check_subset  # not at import: see the module's docstring
 
     loaded = load_artifact(artifact, where=where)
-    check_k(k, loaded.trie.n_tools, where=where)
+    n_tools = loaded.trie.n_tools
+    if sha256 is not None and sha256 != loaded.sha256:
+        raise ValueError(f"{where}: artifact {artifact!r} is not the one asked for (its sha256 is "
+                         f"{loaded.sha256[:16]}..., the request's {_shown(sha256)[:24]})")
+    check_served(loaded, where=where)
+    check_k(k, n_tools, where=where)
+    if k > limits.max_k:
+        raise ValueError(f"{where}: k={k} is more than {limits.max_k}, the most tools one answer may ask for here")
     subset = None
     if tools is not None:
+        if len(tools) > n_tools or not all(type(tool) is int for tool in tools):
+            raise ValueError(f"{where}: 'tools' must be at most {n_tools} tool ids (ints), got {_shown(tools)}")
         subset = tuple(sorted(set(tools)))
         if len(subset) != len(tools):
             raise ValueError(f"{where}: 'tools' names a tool more than once")
         check_subset(loaded, subset, k, where=f"{where}: tools")
-    prior, model_weight = _ranker_args(args, loaded.trie.n_tools, where)
-    query, follow = _follow_args(args, where)
+    prior, model_weight = _ranker_args(args, n_tools, where, limits)
+    query, follow = _follow_args(args, where, limits)
+    if follow is not None:
+        ARTIFACTS.lexical(artifact, loaded)  # made (or read) now, not in the engine step
     budgeted = getattr(params, "thinking_token_budget", None) is not None
     return RequestArgs(artifact=artifact, k=k, thinking_budget=budgeted, tools=subset, prior=prior,
-                       model_weight=model_weight, query=query, follow=follow)
+                       model_weight=model_weight, query=query, follow=follow, sha256=loaded.sha256)
 
 
-def _number(value: Any) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)
+def validate_request(params: Any) -> None:
+    """vLLM's admission check (``validate_params``): :func:`parse_request_args`, then the validated artifact's sha256
+    written into the request's arguments (``FLAT_SHA256_KEY``, or ``sha256`` in the nested form), which vLLM hands
+    to the engine with them: the step adds the artifact that was validated, or fails the row, even if the file under
+    that name is replaced in between."""
+    args = parse_request_args(params)
+    if args is None:
+        return
+    extra = params.extra_args
+    if EXTRA_ARGS_KEY in extra:
+        extra[EXTRA_ARGS_KEY] = {**extra[EXTRA_ARGS_KEY], "sha256": args.sha256}
+    else:
+        extra[FLAT_SHA256_KEY] = args.sha256
 
 
-def _ranker_args(args: dict[str, Any], n_tools: int, where: str) -> tuple[tuple[float, ...] | None, float]:
-    """The fused ranker's prior (a finite number per tool of the registry) and the model's weight (finite), or no
-    prior and weight 1; a weight without a prior is refused (it would rank nothing)."""
+def _number(value: Any, limits: RowLimits) -> bool:
+    return type(value) in (int, float) and abs(value) <= limits.max_magnitude
+
+
+def _ranker_args(args: dict[str, Any], n_tools: int, where: str,
+                 limits: RowLimits) -> tuple[tuple[float, ...] | None, float]:
+    """The fused ranker's prior (a number of magnitude at most ``max_magnitude`` per tool of the registry) and the
+    model's weight (the same bound), or no prior and weight 1; a weight without a prior is refused (it would rank
+    nothing)."""
     prior, weight = args.get("prior"), args.get("model_weight", 1.0)
     if prior is None:
         if "model_weight" in args:
             raise ValueError(f"{where}: 'model_weight' without 'prior' (the weight is the model's beside a prior)")
         return None, 1.0
-    values = _prior_values(prior)
-    if values is None or values.shape != (n_tools,) or not np.isfinite(values).all():
-        raise ValueError(f"{where}: 'prior' must be {n_tools} finite numbers (one per tool of the registry; a list, "
-                         f"or {PRIOR_PREFIX!r} and the base64 of their little-endian float32), got {_shown(prior)}")
-    if not _number(weight):
-        raise ValueError(f"{where}: 'model_weight' must be a finite number, got {_shown(weight)}")
+    values = _prior_values(prior, n_tools)
+    if values is None or values.shape != (n_tools,) or not (np.abs(values) <= limits.max_magnitude).all():
+        raise ValueError(f"{where}: 'prior' must be {n_tools} finite numbers of magnitude at most "
+                         f"{limits.max_magnitude:g} (one per tool of the registry; a list, or {PRIOR_PREFIX!r} and the "
+                         f"base64 of their little-endian float32), got {_shown(prior)}")
+    if not _number(weight, limits):
+        raise ValueError(f"{where}: 'model_weight' must be a finite number of magnitude at most "
+                         f"{limits.max_magnitude:g}, got {_shown(weight)}")
     return tuple(values.tolist()), float(weight)
 
 
-def _follow_args(args: dict[str, Any], where: str) -> tuple[str | None, Follow | None]:
-    """How the prior follows the answer: the request's text (``query``) and ``follow``'s four finite numbers
-    (``FollowUp``'s lexical_weight, later_weight, covered, chain_weight), or neither. Each needs the other, and both
-    a prior (the follow-up starts from it); the ranker's own checks (``_ranker_args``) come first."""
-    query, follow = args.get("query"), args.get("follow")
+def _follow_args(args: dict[str, Any], where: str, limits: RowLimits) -> tuple[str | None, Follow | None]:
+    """How the prior follows the answer: the request's text (``query``, at most ``max_query_chars``), ``follow``'s
+    four numbers (``FollowUp``'s lexical_weight, later_weight, covered, chain_weight, each of magnitude at most
+    ``max_magnitude``) and the version of the settings they were made under (``follow_version``, which must be this
+    side's), or none of them. Each needs the others, and all a prior (the follow-up starts from it); the ranker's
+    own checks (``_ranker_args``) come first."""
+    query, follow, version = args.get("query"), args.get("follow"), args.get("follow_version")
     if follow is None:
-        if "query" in args:
-            raise ValueError(f"{where}: 'query' without 'follow' (the request's text is read by the prior that "
-                             "follows the answer)")
+        for key in ("query", "follow_version"):
+            if key in args:
+                raise ValueError(f"{where}: {key!r} without 'follow' (they describe the prior that follows the "
+                                 "answer)")
         return None, None
     if args.get("prior") is None:
         raise ValueError(f"{where}: 'follow' without 'prior' (the prior that follows the answer starts from the "
@@ -247,11 +422,19 @@ def _follow_args(args: dict[str, Any], where: str) -> tuple[str | None, Follow |
     if query is None:
         raise ValueError(f"{where}: 'follow' without 'query' (the prior that follows the answer reads the request's "
                          "text)")
-    if not isinstance(query, str):
-        raise ValueError(f"{where}: 'query' must be the request's text (a string), got {_shown(query)}")
-    if not (isinstance(follow, list) and len(follow) == 4 and all(map(_number, follow))):
-        raise ValueError(f"{where}: 'follow' must be four finite numbers [lexical_weight, later_weight, covered, "
-                         f"chain_weight], got {_shown(follow)}")
+    if not isinstance(query, str) or len(query) > limits.max_query_chars:
+        raise ValueError(f"{where}: 'query' must be the request's text (a string), at most "
+                         f"{limits.max_query_chars} characters, got {_shown(query)}")
+    if not (isinstance(follow, list) and len(follow) == 4 and all(_number(value, limits) for value in follow)):
+        raise ValueError(f"{where}: 'follow' must be four finite numbers of magnitude at most "
+                         f"{limits.max_magnitude:g} "
+                         f"[lexical_weight, later_weight, covered, chain_weight], got {_shown(follow)}")
+    from tooltrie.ranker import follow_version
+
+    if version != follow_version():
+        raise ValueError(f"{where}: 'follow_version' {_shown(version)} is not this processor's ({follow_version()}): "
+                         "the prior was made under other follow-up or lexical settings (another tooltrie version); "
+                         "update one side")
     lexical_weight, later_weight, covered, chain_weight = (float(value) for value in follow)
     return query, (lexical_weight, later_weight, covered, chain_weight)
 
@@ -287,16 +470,23 @@ def encode_prior(prior: Sequence[float] | npt.ArrayLike) -> str:
     return PRIOR_PREFIX + base64.b64encode(np.asarray(prior, dtype="<f4").tobytes()).decode("ascii")
 
 
-def _prior_values(prior: Any) -> npt.NDArray[np.float64] | None:
-    """A request's prior as numbers: a list of them, or ``encode_prior``'s text; None when it is neither."""
+def _prior_values(prior: Any, n_tools: int | None = None) -> npt.NDArray[np.float64] | None:
+    """A request's prior as numbers: a list of them, or ``encode_prior``'s text; None when it is neither, or (with
+    ``n_tools``) when its size is not one number per tool, told from the text's length or the list's before
+    anything is decoded. A number too large for a float is inf (refused by the caller's bound)."""
     if isinstance(prior, str) and prior.startswith(PRIOR_PREFIX):
+        encoded = prior[len(PRIOR_PREFIX):]
+        if n_tools is not None and len(encoded) != 4 * math.ceil(4 * n_tools / 3):
+            return None
         try:
-            raw = base64.b64decode(prior[len(PRIOR_PREFIX):], validate=True)
+            raw = base64.b64decode(encoded, validate=True)
         except ValueError:
             return None
         return np.frombuffer(raw, dtype="<f4").astype(np.float64) if len(raw) % 4 == 0 else None
-    if isinstance(prior, list) and all(type(value) in (int, float) for value in prior):
-        return np.asarray(prior, dtype=np.float64)
+    if isinstance(prior, list) and (n_tools is None or len(prior) == n_tools) and all(
+            type(value) in (int, float) for value in prior):
+        return np.array([value if type(value) is float or abs(value) < 2**63 else math.inf for value in prior],
+                        dtype=np.float64)
     return None
 
 
@@ -350,9 +540,11 @@ class ArtifactNames:
             self.loads += 1
             try:
                 artifact = Artifact.load(path)
-            except ArtifactError as exc:  # its message starts with the path: told by name instead
-                reason = str(exc).removeprefix(f"{path}: ")
-                self._fail(key, f"artifact {name!r} cannot be used: {reason}", where)
+            except ArtifactError as exc:  # refused as any name that is no artifact; why, in the log only
+                import logging
+
+                logging.getLogger(__name__).warning("artifact root: %s is not a loadable artifact: %s", name, exc)
+                self._fail(key, _unknown(name), where)
             self._loaded[key] = _Loaded(identity, artifact, path)
             self._failed.pop(key, None)
             while len(self._loaded) > LOADED_ARTIFACTS:
@@ -388,8 +580,7 @@ class ArtifactNames:
 
     @staticmethod
     def _find(root: str, name: str) -> tuple[str, tuple[int, int, int]]:
-        unknown = ValueError(f"unknown artifact name {_shown(name)} (a file name in the processor's artifact root, "
-                             f"${ROOT_ENV})")
+        unknown = ValueError(_unknown(name))
         if not ARTIFACT_NAME.fullmatch(name):
             raise unknown
         path = os.path.realpath(os.path.join(root, name))
@@ -410,6 +601,10 @@ class ArtifactNames:
 
 
 ARTIFACTS = ArtifactNames()
+
+
+def _unknown(name: str) -> str:
+    return f"unknown artifact name {_shown(name)} (a file name in the processor's artifact root, ${ROOT_ENV})"
 
 
 def load_artifact(name: str, *, where: str = "request") -> Artifact:
@@ -445,8 +640,13 @@ class ArtifactRows:
     at most ``IDLE_ARTIFACT_STATES`` of them: however many artifacts a long-running vLLM has served, it holds the
     states of its live ones and a few more."""
 
-    def __init__(self, device: torch.device | str | None) -> None:
+    def __init__(self, device: torch.device | str | None, model: ServedModel | None = None) -> None:
         from tooltrie.kernels.cpu import LegalLogits  # not at import: see the module's docstring
+
+        self.model = model  # the served model, which every artifact must fit (None: unknown)
+        # Rows whose request could not be added (its artifact changed or vanished since admission, or does not fit
+        # the served model): row -> the stop token it is ended with, its only legal token (fail loudly, alone).
+        self.failed: dict[int, int] = {}
 
         self.backend = "cuda" if torch.device(device or "cpu").type == "cuda" else "cpu"
         self.batches: dict[str, TrieBatch] = {}
@@ -469,18 +669,60 @@ class ArtifactRows:
         self.visited = 0  # artifact states a step has visited, summed over steps (tests count them)
 
     def __contains__(self, row: int) -> bool:
-        return row in self.args
+        return row in self.args or row in self.failed
+
+    def admit(self, row: int, params: Any) -> bool:
+        """The request of sampling ``params`` joins in ``row`` if it asks for the constraint (True), else the row is
+        left alone (False). Never raises: a request that cannot be added (its arguments read again here, in the
+        engine's process, no longer hold: the file under its name changed or vanished since admission) fails in
+        its row, which then allows only the stop token, and the other rows go on."""
+        try:
+            args = parse_request_args(params)
+        except Exception as exc:
+            self._fail_row(row, None, exc)
+            return True
+        if args is None:
+            self.remove(row)
+            return False
+        self.add(row, args)
+        return True
 
     def add(self, row: int, args: RequestArgs) -> None:
         """A request joins in ``row`` (or starts over there: a preempted request recomputed); one whose prior follows
-        its answer gets its ``FollowUp`` (:func:`follow_up`), which the batch calls at each tool boundary."""
-        from tooltrie.kernels.batch import TrieBatch
+        its answer gets its ``FollowUp`` (:func:`follow_up`), which the batch calls at each tool boundary. A request
+        whose artifact is no longer the one validated (``args.sha256``), or does not fit the served model, fails in
+        its row (never raises for one request)."""
+        self.remove(row)
+        artifact = None
+        try:
+            artifact = load_artifact(args.artifact)
+            if args.sha256 is not None and artifact.sha256 != args.sha256:
+                raise ValueError(f"artifact {args.artifact!r} changed since the request was validated")
+            if self.model is not None:
+                check_served(artifact, where=f"artifact {args.artifact!r}", served=self.model)
+            self._add(row, args, artifact)
+        except Exception as exc:
+            self.remove(row)
+            self._fail_row(row, artifact, exc)
+
+    def _fail_row(self, row: int, artifact: Artifact | None, exc: Exception) -> None:
+        import logging
 
         self.remove(row)
+        stop = artifact.eos_id if artifact is not None else None
+        if stop is None or (self.model is not None and stop >= self.model.vocab_size):
+            stop = self.model.stop_id if self.model is not None else None
+        self.failed[row] = -1 if stop is None else stop
+        logging.getLogger(__name__).warning("row %d fails at admission to the engine: %s", row, exc)
+
+    def _add(self, row: int, args: RequestArgs, artifact: Artifact) -> None:
+        from tooltrie.kernels.batch import TrieBatch
+
         name = args.artifact
-        artifact = load_artifact(name)
         batch = self.batches.get(name)
-        if batch is not None and batch.artifact is not artifact and not self.live.get(name):
+        if batch is not None and batch.artifact.sha256 != artifact.sha256:
+            if self.live.get(name):  # never a row on a state made for another file: it fails instead
+                raise ValueError(f"artifact {name!r} was replaced while requests of the previous one decode")
             self._drop(name)  # the file under that name changed since: a state for the new one
             batch = None
         if batch is None:
@@ -493,6 +735,7 @@ class ArtifactRows:
         self.next_serial += 1
 
     def remove(self, row: int) -> None:
+        self.failed.pop(row, None)
         args = self.args.get(row)
         if args is not None:
             self.batches[args.artifact].remove(row)
@@ -502,6 +745,11 @@ class ArtifactRows:
         """vLLM moved ``source``'s request to ``target`` (and, with ``swap``, ``target``'s to ``source``)."""
         if source == target:
             return
+        failed_moving, failed_displaced = self.failed.pop(source, None), self.failed.pop(target, None)
+        if failed_moving is not None:
+            self.failed[target] = failed_moving
+        if swap and failed_displaced is not None:
+            self.failed[source] = failed_displaced
         moving, displaced = self._row(source), self._row(target)
         if swap and moving[0] is not None and displaced[0] is not None and (
                 moving[0].artifact == displaced[0].artifact):
@@ -532,6 +780,8 @@ class ArtifactRows:
         tokens, lengths = ragged_ids(new_tokens)
         vllm_rows = np.asarray(rows, dtype=np.int32).reshape(-1)
         self._grow(int(vllm_rows.max(initial=-1)) + 1)
+        if self.failed:
+            self._end_failed(logits, vllm_rows)
         requests = np.where(vllm_rows >= 0, self.serial[vllm_rows], 0)
         constrained = requests > 0
         n_constrained = int(np.count_nonzero(constrained))
@@ -568,6 +818,15 @@ class ArtifactRows:
         for name, mine in fused:  # the buffer holds only the legal logits: their fused values over them
             self.batches[name].fuse_legal_(masked, mine)
         return masked
+
+    def _end_failed(self, logits: torch.Tensor, vllm_rows: npt.NDArray[np.int32]) -> None:
+        """Each failed row's logits: -inf but for its stop token (or all -inf where no stop token is known)."""
+        for i, row in enumerate(vllm_rows.tolist()):
+            stop = self.failed.get(row)
+            if stop is not None:
+                logits[i] = float("-inf")
+                if 0 <= stop < logits.shape[1]:
+                    logits[i, stop] = 0.0
 
     def unfed(self, outputs: Sequence[Sequence[int]]) -> list[Sequence[int]]:
         """Row i's output tokens past those it has accepted, from its whole output list ``outputs[i]`` (a

@@ -157,8 +157,12 @@ class TrieBatch:
 
     def remove(self, row: int) -> None:
         self.backend.fetch(self.state)  # a device backend's rows moved on: the host copy first
-        self.state.remove(row)
-        self._synced([row])
+        shapes = self._shapes()
+        self.state.remove(row)  # may release widths no row needs now: then every row is synced
+        self._synced([row] if self._shapes() == shapes else range(len(self.state)))
+
+    def _shapes(self) -> tuple[tuple[int, ...], ...]:
+        return self.state.table.shape, self.state.counts.shape, self.state.ranker.shape
 
     def move(self, source: int, target: int) -> None:
         self.backend.fetch(self.state)  # a device backend's rows moved on: the host copy first
@@ -204,8 +208,9 @@ class TrieBatch:
 
     def restore(self, row: int, saved: npt.NDArray[np.int32]) -> None:
         self.backend.fetch(self.state)  # a device backend's rows moved on: the host copy first
-        self.state.table[row, : len(saved)] = saved
-        self.state.table[row, len(saved) :] = -1  # the table grew wider since (a larger k): no tools there
+        width = min(len(saved), self.state.table.shape[1])  # narrower since: the columns past its k (all -1)
+        self.state.table[row, :width] = saved[:width]
+        self.state.table[row, width:] = -1  # the table grew wider since (a larger k): no tools there
         self._synced([row])
         self._follow_answers()  # a row rolled back before a tool it had committed to gets that tool's prior back
 

@@ -95,9 +95,11 @@ class BatchState:
     allowed: npt.NDArray[np.uint8] = field(default_factory=lambda: _no_rows(np.uint8))
     ranker: npt.NDArray[np.float32] = field(default_factory=lambda: _no_rows(np.float32))
     following: list[Following | None] = field(default_factory=list)
+    limited: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=bool))  # rows with a subset
 
     def __post_init__(self) -> None:
         self.following += [None] * (len(self.table) - len(self.following))
+        self.limited = np.concatenate([self.limited, np.zeros(len(self.table) - len(self.limited), dtype=bool)])
 
     @property
     def k(self) -> Column:
@@ -172,6 +174,7 @@ class BatchState:
         if self.counts.shape[0] == 0:  # the first subset in this batch: every row gets its own counts
             self.counts = np.tile(trie.edge_tool_count, (len(self), 1))
             self.allowed = np.ones((len(self), trie.n_tools), dtype=np.uint8)
+        self.limited[row] = subset is not None
         if subset is None:
             self.counts[row], self.allowed[row] = trie.edge_tool_count, 1
         else:
@@ -257,9 +260,25 @@ class BatchState:
         self.ranker[row, 0], self.ranker[row, 1:] = model_weight, values
 
     def remove(self, row: int) -> None:
-        """Free ``row``: it is done, and no step touches it until it is added again."""
+        """Free ``row``: it is done, and no step touches it until it is added again. What only the rows that left
+        needed goes with them (:meth:`release`)."""
         self.status[row], self.constrained[row] = DONE, 0
         self.following[row] = None
+        self.limited[row] = False
+        self.release()
+
+    def release(self) -> None:
+        """Keep only the widths the rows not removed need: used-tool columns for their largest k, per-row
+        edge counts while one of them has a subset, ranker rows while one of them has a prior. A request with a
+        large k, a subset or a prior widens the state while it lives, and no longer."""
+        live = self.constrained.astype(bool) | (self.status != DONE)  # removed rows are done and unconstrained
+        width = max(1, int(self.k[live].max(initial=1)))
+        if width < self.used.shape[1]:
+            self.table = np.ascontiguousarray(self.table[:, : USED + width])
+        if self.counts.shape[0] and not (self.limited & live).any():
+            self.counts, self.allowed = _no_rows(np.int32), _no_rows(np.uint8)
+        if self.ranker.shape[0] and np.isnan(self.ranker[live, 0]).all():
+            self.ranker = _no_rows(np.float32)
 
     def move(self, source: int, target: int) -> None:
         """Row ``source``'s request moves to ``target`` (whose own request, if any, is dropped); ``source`` is free."""
@@ -270,7 +289,8 @@ class BatchState:
         for array in self._row_arrays():
             array[target] = array[source]
         self.following[target] = self.following[source]
-        self.remove(source)
+        self.status[source], self.constrained[source] = DONE, 0
+        self.following[source], self.limited[source] = None, False
 
     def swap(self, a: int, b: int) -> None:
         """Rows ``a`` and ``b`` trade places."""
@@ -282,7 +302,7 @@ class BatchState:
 
     def _row_arrays(self) -> list[npt.NDArray[Any]]:
         """The arrays with a row per slot (those without rows are not in use)."""
-        return [array for array in (self.table, self.counts, self.allowed, self.ranker) if array.shape[0]]
+        return [array for array in (self.table, self.counts, self.allowed, self.ranker, self.limited) if array.shape[0]]
 
     def grow(self, capacity: int) -> None:
         """Room for ``capacity`` rows; the new ones are free."""
@@ -291,6 +311,7 @@ class BatchState:
             return
         self.table = np.concatenate([self.table, BatchState.empty(extra, k_max=self.used.shape[1]).table])
         self.following += [None] * extra
+        self.limited = np.concatenate([self.limited, np.zeros(extra, dtype=bool)])
         if self.counts.shape[0]:
             self.counts = np.concatenate([self.counts, np.zeros((extra, self.counts.shape[1]), np.int32)])
             self.allowed = np.concatenate([self.allowed, np.zeros((extra, self.allowed.shape[1]), np.uint8)])
@@ -310,6 +331,7 @@ class BatchState:
         order = np.argsort(np.where(mapping >= 0, mapping, len(self)), kind="stable")[: len(kept)]
         self.table = np.ascontiguousarray(self.table[order])
         self.following = [self.following[i] for i in order.tolist()]
+        self.limited = np.ascontiguousarray(self.limited[order])
         if self.counts.shape[0]:
             self.counts = np.ascontiguousarray(self.counts[order])
             self.allowed = np.ascontiguousarray(self.allowed[order])

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,7 +36,12 @@ from tooltrie.registry import CATALOG_PATH, load_registry
 
 
 def parse(extra: dict[str, Any] | None, **fields: Any) -> RequestArgs | None:
-    return parse_request_args(SimpleNamespace(extra_args=extra, **fields))
+    """The parsed arguments, less the artifact's sha256 they pin (checked: the loaded artifact's)."""
+    args = parse_request_args(SimpleNamespace(extra_args=extra, **fields))
+    if args is None:
+        return None
+    assert args.sha256 == vllm_rows.load_artifact(args.artifact).sha256
+    return replace(args, sha256=None)
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +100,8 @@ BAD_EXTRA_ARGS = [  # (extra_args, the error's words); "{name}" stands for a rea
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_K": 3}, "unknown key 'tooltrie_K'"),
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie": {"artifact": "{name}", "k": 2}}, "not both"),
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_tools": 3}, "extra_args must be"),
-    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_tools": [1, "2"]}, "extra_args must be"),
-    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_tools": [1, 2.0]}, "extra_args must be"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_tools": [1, "2"]}, "'tools' must be at most 47"),
+    ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_tools": [1, 2.0]}, "'tools' must be at most 47"),
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_tools": [1, 47]}, "tools: tool indices [47]"),
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 2, "tooltrie_tools": [-1, 3]}, "tools: tool indices [-1]"),
     ({"tooltrie_artifact": "{name}", "tooltrie_k": 3, "tooltrie_tools": [1, 2]}, "k=3 but only 2 tools are allowed"),
@@ -240,15 +246,38 @@ def test_a_link_within_the_root_is_its_target(name: str, artifact_root: Path) ->
     assert parse({"tooltrie_artifact": "alias.trie.safetensors", "tooltrie_k": 2}) is not None
 
 
-def test_a_bad_file_in_the_root_is_read_once_and_named_without_its_path(artifact_root: Path) -> None:
-    (artifact_root / "garbage.trie.safetensors").write_bytes(b"not an artifact")
+@pytest.mark.parametrize("content", [b"not an artifact", None])  # None: the processor's own lexical index file
+def test_a_file_of_the_root_that_is_no_artifact_is_refused_as_an_unknown_name(
+        name: str, artifact_root: Path, content: bytes | None, caplog: pytest.LogCaptureFixture) -> None:
+    """Read once, then remembered as failed (FAILED_TTL_S); refused in the very words of a name that is not there,
+    so a client learns nothing of what the root holds; why, in the log only."""
+    if content is None:
+        parse(request_args(name, 2, **_follow_of(name), flat=True))  # makes the lexical index beside the artifact
+        bad = name.removesuffix(".safetensors") + ".lexical.safetensors"
+        assert (artifact_root / bad).is_file()
+    else:
+        bad = "garbage.trie.safetensors"
+        (artifact_root / bad).write_bytes(content)
     loads = vllm_rows.ARTIFACTS.loads
     for _ in range(3):
-        with pytest.raises(ValueError, match=r"artifact 'garbage.trie.safetensors' cannot be used: not a readable "
-                                             "tooltrie artifact") as info:
-            parse({"tooltrie_artifact": "garbage.trie.safetensors", "tooltrie_k": 1})
+        with pytest.raises(ValueError) as info:
+            parse({"tooltrie_artifact": bad, "tooltrie_k": 1})
+        assert str(info.value) == str(_refusal(f"never-there-{bad}")).replace(f"never-there-{bad}", bad)
         assert str(artifact_root) not in str(info.value)
-    assert vllm_rows.ARTIFACTS.loads == loads + 1  # then remembered as failed (FAILED_TTL_S)
+    assert vllm_rows.ARTIFACTS.loads == loads + 1
+    assert any(bad in record.getMessage() for record in caplog.records)
+
+
+def _refusal(missing: str) -> ValueError:
+    with pytest.raises(ValueError) as info:
+        parse({"tooltrie_artifact": missing, "tooltrie_k": 1})
+    return info.value
+
+
+def _follow_of(name: str) -> dict[str, Any]:
+    """``request_args``' ranked arguments for a catalog request whose prior follows its answer."""
+    made = Ranker(load_registry(CATALOG_PATH), prior="lexical").row("weather and news in Paris", "fused")
+    return {"prior": made.scores, "model_weight": made.model_weight, "follow": made.follow}
 
 
 def test_a_failed_name_is_tried_again_after_its_time(name: str, artifact_root: Path,

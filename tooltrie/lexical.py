@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
 __all__ = ["BM25_PARAMETERS", "CONVERSATIONAL_STOPWORDS", "FIELDS", "FIELD_WEIGHTS", "LUCENE_STOPWORDS", "STOPWORDS",
-           "VERSION", "LexicalIndex", "identifier_words", "tool_words"]
+           "VERSION", "LexicalIndex", "identifier_words", "index_settings", "tool_words"]
 
 # Bumped whenever the words or the scoring change, so that a kept index of an older kind is built afresh.
 VERSION = "4"
@@ -239,10 +239,10 @@ class LexicalIndex:
                  settings: dict[str, Any] | None = None) -> None:
         """A bm25s index of ``n_tools`` tools from its ``vocabulary`` and its CSC ``matrix`` (data, indices, indptr;
         empty when the vocabulary is: a registry of wordless names, where every query's words are unknown);
-        ``settings`` what it was built with (None: the defaults, ``_settings()``)."""
+        ``settings`` what it was built with (None: the defaults, ``index_settings()``)."""
         import bm25s
 
-        self.settings = _settings() if settings is None else settings
+        self.settings = index_settings() if settings is None else settings
         self._bm25, self.n_tools = bm25s.BM25(**self.settings["bm25"]), n_tools
         self._content_words = functools.partial(_content_words, stopwords=frozenset(self.settings["stopwords"]))
         self._bm25.vocab_dict = vocabulary
@@ -257,7 +257,7 @@ class LexicalIndex:
         """Index ``registry``'s tools (``tool_words``): bm25s's own index of them, built with whole arrays. ``k1``,
         ``b``, ``fields``, ``stopwords``: BM25's constants, the field weights and the words left out of tools and
         queries alike (None: ``BM25_PARAMETERS``'s, ``FIELD_WEIGHTS``, ``STOPWORDS``)."""
-        settings = _settings(k1=k1, b=b, fields=fields, stopwords=stopwords)
+        settings = index_settings(k1=k1, b=b, fields=fields, stopwords=stopwords)
         ids, tools, weights, vocabulary = _tool_word_ids(registry.tools, settings["fields"],
                                                          frozenset(settings["stopwords"]))
         bm25 = settings["bm25"]
@@ -329,12 +329,12 @@ class LexicalIndex:
             _check_index(vocabulary, matrix, len(registry))
             return cls(vocabulary, matrix, len(registry))
 
-        expected = {"registry_sha256": registry.sha256, "version": VERSION, "parameters": json.dumps(_settings()),
-                    "tools": str(len(registry))}
+        expected = {"registry_sha256": registry.sha256, "version": VERSION,
+                    "parameters": json.dumps(index_settings()), "tools": str(len(registry))}
         return read_kept(path, expected, accept, what="lexical index")
 
 
-def _settings(*, k1: float | None = None, b: float | None = None, fields: dict[str, int] | None = None,
+def index_settings(*, k1: float | None = None, b: float | None = None, fields: dict[str, int] | None = None,
               stopwords: frozenset[str] | None = None) -> dict[str, Any]:
     """What an index is built with: bm25s's parameters (``BM25_PARAMETERS`` less what is given), the field weights
     and the stop words; what a kept index's file records, and must match to be read back."""

@@ -79,6 +79,8 @@ HYBRID = {"dense": 1.0, "lexical": 0.15}
 # a tool that finds an identifier a chosen tool requires (``tooltrie/chains.py``); chosen the same way on the same
 # requests (bench/sweep_follow_chains.py; docs/benchmarks.md#chains-a-request-does-not-name).
 FOLLOW = {"covered": 0.5, "lexical": 0.2, "chains": 3.0}
+# Bumped whenever ``FollowUp``'s arithmetic changes: with the lexical index's settings, what ``follow_version`` names.
+FOLLOW_REVISION = 1
 
 
 class RankerError(TooltrieError, ValueError):
@@ -203,6 +205,24 @@ class Prior:
     weights: Weights
     registry_sha256: str
     follow: FollowUp | None = None
+
+
+def follow_version() -> str:
+    """The version of how a prior follows its answer: ``FollowUp``'s revision and the lexical index's version and
+    settings (BM25's parameters, field weights, stop words). Two processes that make a request's follow-up in turn
+    (``tooltrie serve --vllm-url`` and vLLM's processor) must agree on it: the processor subtracts its own lexical
+    z-scores from the prior it was sent.
+
+    >>> len(follow_version()), follow_version() == follow_version()
+    (16, True)
+    """
+    import hashlib
+    import json
+
+    from tooltrie.lexical import VERSION, index_settings
+
+    key = json.dumps({"follow": FOLLOW_REVISION, "lexical": VERSION, "settings": index_settings()}, sort_keys=True)
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
 
 
 def check_ranker(name: str, *, where: str = "request") -> str:
@@ -395,6 +415,7 @@ def lexical_path(artifact_path: str | Path) -> Path:
     return path.with_name(path.name.removesuffix(".safetensors") + ".lexical.safetensors")
 
 
-__all__ = ["DEFAULT_PRIOR", "FOLLOW", "HYBRID", "NO_ADAPTER", "PRIORS", "RANKERS", "SERVE_TRAINED", "UNTRAINED",
-           "FollowUp", "Prior", "Ranker", "RankerError", "Weights", "check_prior", "check_ranker", "embeddings_path",
-           "lexical_path", "needs_encoder", "prior_parts", "ranker_for", "standardized"]
+__all__ = ["DEFAULT_PRIOR", "FOLLOW", "FOLLOW_REVISION", "HYBRID", "NO_ADAPTER", "PRIORS", "RANKERS", "SERVE_TRAINED",
+           "UNTRAINED", "FollowUp", "Prior", "Ranker", "RankerError", "Weights", "check_prior", "check_ranker",
+           "embeddings_path", "follow_version", "lexical_path", "needs_encoder", "prior_parts", "ranker_for",
+           "standardized"]
