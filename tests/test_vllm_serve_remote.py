@@ -16,7 +16,9 @@ tooltrie's processor, the default model as served (its adapter merged, float32).
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -24,11 +26,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm builds an environment with it)")
 
@@ -60,6 +66,10 @@ POLICY = Policy.parse({"tenants": {  # a tenant of every tool, and one whose pol
     "everyone": {"keys": [OPEN_KEY], "registries": {"catalog": {}, "bfcl": {}}},
     "acme": {"keys": [ACME_KEY], "registries": {"catalog": {"allow": ACME_TOOLS}}}}})
 START_S = 900  # vLLM's start-up on two shared cores (eager mode, no torch.compile)
+# Hostile requests the fuzzer sends in the suite, each beside a valid one (TOOLTRIE_FUZZ_EXAMPLES for a longer run).
+FUZZ_EXAMPLES = int(os.environ.get("TOOLTRIE_FUZZ_EXAMPLES", "60"))
+FUZZ_QUERIES = ("Convert 100 US dollars to euros", "What will the weather be in Paris tomorrow?",
+                "Find me a flight to Rome and the news there", "Is there a good recipe for lasagne?")
 
 
 def free_port() -> int:
@@ -140,18 +150,22 @@ def served() -> Iterator[tuple[object, str, object]]:
     yield model, info.prompt_style, info.adapter
 
 
-def test_same_answers_as_the_engine_then_vllm_down_is_502(served: tuple[object, str, Any]) -> None:
+@dataclass
+class Stack:
+    """One ``vllm serve`` with the processor, and two discovery endpoints on the catalog and BFCL: one decoding
+    through it (``there``), one in process (``here``), with the same policy, limits and pre-filter."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    work: Path
+    there: Any
+    here: Any
+    client: httpx.Client
+
+
+@pytest.fixture(scope="module")
+def stack(served: tuple[object, str, Any]) -> Iterator[Stack]:
     model, style, adapter = served
-    catalog, bfcl = load_registry(CATALOG_PATH), load_registry(BFCL_PATH)
-    queries, bfcl_queries = load_split("metatool-single", "test"), load_split("bfcl", "test")
-    everyone, acme = {"Authorization": f"Bearer {OPEN_KEY}"}, {"Authorization": f"Bearer {ACME_KEY}"}
-    asks = [(everyone, {"query": queries[i * len(queries) // QUERIES].query, "k": k, **narrowed}, catalog)
-            for i in range(QUERIES) for k in (1, 2, 3) for narrowed in NARROWED + RANKED]
-    asks += [(acme, {"query": queries[i * len(queries) // QUERIES].query, "k": 2, **ranked}, catalog)
-             for i in range(QUERIES) for ranked in ({}, {"ranker": "fused"})]  # the tenant's subset
-    asks += [(everyone, {"query": bfcl_queries[i * len(bfcl_queries) // QUERIES].query, "k": 1, "registry": "bfcl",
-                         "prefilter": 32, **ranked}, bfcl)
-             for i in range(QUERIES) for ranked in ({}, {"ranker": "fused"})]
     limits = ServeLimits(timeout_s=300)
     with tempfile.TemporaryDirectory(prefix="tooltrie-vllm-") as scratch:
         work = Path(scratch)
@@ -170,32 +184,170 @@ def test_same_answers_as_the_engine_then_vllm_down_is_502(served: tuple[object, 
             local = DiscoveryService.from_paths([CATALOG_PATH, BFCL_PATH], model, smollm_tokenizer(), **both)
             with running_server(remote) as there, running_server(local) as here, \
                     httpx.Client(timeout=600) as client:
-                for headers, ask, registry in asks:
-                    theirs = client.post(there.url + "/v1/discover", json=ask, headers=headers)
-                    ours = client.post(here.url + "/v1/discover", json=ask, headers=headers)
-                    assert theirs.status_code == 200, theirs.text
-                    check_answer(theirs.json(), registry, ask["k"])
-                    if headers is acme:
-                        assert {t["name"] for t in theirs.json()["tools"]} <= set(ACME_TOOLS)
-                    a, b = ours.json(), theirs.json()
-                    assert a["ranker"] == b["ranker"], (ask, a, b)
-                    assert [t["name"] for t in a["tools"]] == [t["name"] for t in b["tools"]], (ask, a, b)
-                    assert [t["pointer"] for t in a["tools"]] == [t["pointer"] for t in b["tools"]]
-                    for x, y in zip(a["tools"], b["tools"], strict=True):  # two engines' float32 arithmetic
-                        assert abs(x["score"] - y["score"]) < 0.02, (ask, a, b)
-                    for field in ("prompt_tokens", "completion_tokens", "decision_points"):
-                        assert a["usage"][field] == b["usage"][field], (field, a, b)
-                assert client.get(there.url + "/healthz").status_code == 200
-                # the ranked requests' priors followed their answers there: the processor made the lexical index of
-                # each registry beside its artifact, in its root (vllm_rows.ArtifactNames.lexical)
-                for label in ("catalog", "bfcl"):
-                    assert next((work / "artifacts").glob(f"{label}-*.trie.lexical.safetensors"), None), label
-                check_completions_route(client, url, next((work / "artifacts").glob("catalog-*.trie.safetensors")),
-                                        catalog)
-                stop(process)
-                reply = client.post(there.url + "/v1/discover", json=asks[0][1], headers=everyone)
-                assert reply.status_code == 502 and reply.json()["error"]["code"] == "bad_gateway", reply.text
-                assert client.get(there.url + "/v1/registries", headers=everyone).status_code == 200
+                yield Stack(process, url, work, there, here, client)
         finally:
             stop(process)
             log.close()
+
+
+def same_answer(stack: Stack, headers: dict[str, str], ask: dict[str, Any], registry: Registry) -> None:
+    """The endpoint through vLLM answers ``ask`` as the one in process does."""
+    theirs = stack.client.post(stack.there.url + "/v1/discover", json=ask, headers=headers)
+    ours = stack.client.post(stack.here.url + "/v1/discover", json=ask, headers=headers)
+    assert theirs.status_code == 200, theirs.text
+    check_answer(theirs.json(), registry, ask["k"])
+    a, b = ours.json(), theirs.json()
+    assert a["ranker"] == b["ranker"], (ask, a, b)
+    assert [t["name"] for t in a["tools"]] == [t["name"] for t in b["tools"]], (ask, a, b)
+    assert [t["pointer"] for t in a["tools"]] == [t["pointer"] for t in b["tools"]]
+    for x, y in zip(a["tools"], b["tools"], strict=True):  # two engines' float32 arithmetic
+        assert abs(x["score"] - y["score"]) < 0.02, (ask, a, b)
+    for field in ("prompt_tokens", "completion_tokens", "decision_points"):
+        assert a["usage"][field] == b["usage"][field], (field, a, b)
+
+
+# -- the fuzzer: hostile vllm_xargs from any client of vLLM's server, beside valid requests -------------------------
+
+HOSTILE_VALUES = st.one_of(
+    st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False),
+    st.sampled_from([1e39, -1e39, 1e300, 3e38, 10**400]), st.text(max_size=40),
+    st.sampled_from(["../catalog.trie.safetensors", "/etc/passwd", ".served", "catalög.trie.safetensors", "\x00",
+                     "f32:" + "A" * 2_000_000, "f32:AAAA", "x" * 100_000]),
+    st.lists(st.one_of(st.integers(-5, 100), st.floats(allow_nan=False), st.text(max_size=3)), max_size=60),
+    st.sampled_from([[1e39] * 47, [0.0] * 100_000, list(range(48)), [5, 5], [1.0, 1.0, 0.5, 3.0],
+                     [1.0, 1e30, 0.5, 3.0]]))
+KEYS = ("tooltrie_artifact", "tooltrie_k", "tooltrie_tools", "tooltrie_prior", "tooltrie_model_weight",
+        "tooltrie_query", "tooltrie_follow", "tooltrie_follow_version", "tooltrie_sha256", "tooltrie_other")
+FUZZ = {"sent": 0, "refused": 0, "answered": 0, "plain": 0}
+
+
+def _hostile(draw: Any, base: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """``base`` (valid xargs) with one to three keys given hostile values, or dropped, or pointing at another file of
+    the root (another vocabulary's artifact, the processor's own lexical index, a file swapped under a name)."""
+    xargs = dict(base)
+    for _ in range(draw(st.integers(1, 3))):
+        key = draw(st.sampled_from(KEYS))
+        action = draw(st.sampled_from(("value", "value", "drop", "file")))
+        if action == "drop":
+            xargs.pop(key, None)
+        elif action == "file":
+            xargs["tooltrie_artifact"] = draw(st.sampled_from(sorted(names.values())))
+        else:
+            xargs[key] = draw(HOSTILE_VALUES)
+    return xargs
+
+
+def _outcome(xargs: dict[str, Any], root: Path) -> str:
+    """What admission must do with ``xargs`` ("refused", "answered", or "plain": not ours), as this process parses
+    them (the code the processor runs) against the same root and served model."""
+    from types import SimpleNamespace
+
+    from tooltrie.integrations.vllm_rows import ROOT_ENV, ServedModel, parse_request_args, record_served
+
+    tokenizer = smollm_tokenizer()
+    record_served(ServedModel(tokenizer.fingerprint, tokenizer.vocab_size, tokenizer.eos_id), root=root)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(ROOT_ENV, str(root))
+        try:
+            args = parse_request_args(SimpleNamespace(extra_args=json.loads(json.dumps(xargs))))
+        except ValueError:
+            return "refused"
+    return "plain" if args is None else "answered"
+
+
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_hostile_vllm_xargs_are_refused_and_never_disturb_the_engine(stack: Stack, data: st.DataObject) -> None:
+    """Each example sends one hostile request to vLLM's own completions route while a valid request decodes through
+    the endpoint: the hostile one is a 400 (or, where the draw is valid after all, k distinct tools), the valid one
+    the in-process answer, and vLLM's server never restarts."""
+    catalog = load_registry(CATALOG_PATH)
+    root = stack.work / "artifacts"
+    names = _root_files(stack, root)
+    base = request_args(names["catalog"], data.draw(st.integers(1, 3)), flat=True)
+    if data.draw(st.booleans()):
+        base.update(request_args(names["catalog"], base["tooltrie_k"], prior=[0.5] * 47, flat=True))
+    xargs = _hostile(data.draw, base, names)
+    model = stack.client.get(stack.url + "/v1/models").json()["data"][0]["id"]
+    body = {"model": model, "prompt": "Query: What will the weather be in Paris tomorrow?\nTools:", "max_tokens": 40,
+            "temperature": 0, "vllm_xargs": xargs}
+    query = data.draw(st.sampled_from(FUZZ_QUERIES))
+    with ThreadPoolExecutor(1) as pool:  # the valid request decodes while the hostile one arrives
+        valid = pool.submit(same_answer, stack, {"Authorization": f"Bearer {OPEN_KEY}"},
+                            {"query": query, "k": 2, "ranker": "fused"}, catalog)
+        try:
+            reply = stack.client.post(stack.url + "/v1/completions", json=body)
+        finally:
+            valid.result()
+    FUZZ["sent"] += 1
+    assert stack.process.poll() is None, "vllm serve exited"
+    outcome = _outcome(xargs, root)
+    FUZZ[outcome] += 1
+    if outcome == "refused":
+        assert reply.status_code == 400, (xargs, reply.status_code, reply.text[:500])
+        assert str(root) not in reply.text
+    elif outcome == "plain":
+        assert reply.status_code == 200, (xargs, reply.text[:500])
+    else:
+        assert reply.status_code == 200, (xargs, reply.text[:500])
+        names_out = Contract().parse(reply.json()["choices"][0]["text"])
+        k = xargs["tooltrie_k"]
+        assert len(names_out) == k == len(set(names_out)), (xargs, names_out)
+
+
+def _root_files(stack: Stack, root: Path) -> dict[str, str]:
+    """The root's files the fuzzer names: the catalog's artifact (published by the endpoint's first answer), another
+    vocabulary's artifact, the lexical index beside an artifact, and a name whose file is swapped for another's."""
+    if not any(root.glob("catalog-*.trie.safetensors")):
+        same_answer(stack, {"Authorization": f"Bearer {OPEN_KEY}"}, {"query": "weather", "k": 1, "ranker": "fused"},
+                    load_registry(CATALOG_PATH))
+    catalog = next(root.glob("catalog-*.trie.safetensors")).name
+    gpt2 = root / "gpt2-catalog.trie.safetensors"
+    if not gpt2.exists():
+        from tooltrie.compiler import TokenizerInfo, compile_registry
+
+        compile_registry(load_registry(CATALOG_PATH), TokenizerInfo.load("gpt2")).save(gpt2)
+    swapped = root / "swapped.trie.safetensors"
+    shutil.copy(root / (catalog if not swapped.exists() or swapped.stat().st_size != gpt2.stat().st_size
+                        else gpt2.name), swapped)  # alternates between the two
+    lexical = next(root.glob("*.lexical.safetensors"), None)
+    return {"catalog": catalog, "gpt2": gpt2.name, "swapped": swapped.name,
+            **({"lexical": lexical.name} if lexical else {})}
+
+
+def test_the_fuzzers_figures(stack: Stack) -> None:
+    """The figures of the run above (sent, refused, answered), and vLLM's server still the one started."""
+    assert stack.process.poll() is None and stack.client.get(stack.url + "/health").status_code == 200
+    print(f"\nfuzzer: {FUZZ['sent']} hostile requests sent, {FUZZ['refused']} refused (400), {FUZZ['answered']} "
+          f"answered (valid after all), {FUZZ['plain']} without tooltrie's arguments left, 0 engine restarts")
+    assert FUZZ["sent"] == FUZZ["refused"] + FUZZ["answered"] + FUZZ["plain"] > 0
+
+
+def test_same_answers_as_the_engine_then_vllm_down_is_502(stack: Stack) -> None:
+    catalog, bfcl = load_registry(CATALOG_PATH), load_registry(BFCL_PATH)
+    queries, bfcl_queries = load_split("metatool-single", "test"), load_split("bfcl", "test")
+    everyone, acme = {"Authorization": f"Bearer {OPEN_KEY}"}, {"Authorization": f"Bearer {ACME_KEY}"}
+    asks = [(everyone, {"query": queries[i * len(queries) // QUERIES].query, "k": k, **narrowed}, catalog)
+            for i in range(QUERIES) for k in (1, 2, 3) for narrowed in NARROWED + RANKED]
+    asks += [(acme, {"query": queries[i * len(queries) // QUERIES].query, "k": 2, **ranked}, catalog)
+             for i in range(QUERIES) for ranked in ({}, {"ranker": "fused"})]  # the tenant's subset
+    asks += [(everyone, {"query": bfcl_queries[i * len(bfcl_queries) // QUERIES].query, "k": 1, "registry": "bfcl",
+                         "prefilter": 32, **ranked}, bfcl)
+             for i in range(QUERIES) for ranked in ({}, {"ranker": "fused"})]
+    client, work = stack.client, stack.work
+    for headers, ask, registry in asks:
+        same_answer(stack, headers, ask, registry)
+        if headers is acme:
+            theirs = client.post(stack.there.url + "/v1/discover", json=ask, headers=headers)
+            assert {t["name"] for t in theirs.json()["tools"]} <= set(ACME_TOOLS)
+    assert client.get(stack.there.url + "/healthz").status_code == 200
+    # the ranked requests' priors followed their answers there: the processor made the lexical index of
+    # each registry beside its artifact, in its root (vllm_rows.ArtifactNames.lexical)
+    for label in ("catalog", "bfcl"):
+        assert next((work / "artifacts").glob(f"{label}-*.trie.lexical.safetensors"), None), label
+    check_completions_route(client, stack.url, next((work / "artifacts").glob("catalog-*.trie.safetensors")),
+                            catalog)
+    stop(stack.process)
+    reply = client.post(stack.there.url + "/v1/discover", json=asks[0][1], headers=everyone)
+    assert reply.status_code == 502 and reply.json()["error"]["code"] == "bad_gateway", reply.text
+    assert client.get(stack.there.url + "/v1/registries", headers=everyone).status_code == 200
