@@ -96,10 +96,12 @@ class BatchState:
     ranker: npt.NDArray[np.float32] = field(default_factory=lambda: _no_rows(np.float32))
     following: list[Following | None] = field(default_factory=list)
     limited: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=bool))  # rows with a subset
+    occupied: npt.NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=bool))  # added, not removed
 
     def __post_init__(self) -> None:
         self.following += [None] * (len(self.table) - len(self.following))
         self.limited = np.concatenate([self.limited, np.zeros(len(self.table) - len(self.limited), dtype=bool)])
+        self.occupied = np.concatenate([self.occupied, np.zeros(len(self.table) - len(self.occupied), dtype=bool)])
 
     @property
     def k(self) -> Column:
@@ -161,6 +163,7 @@ class BatchState:
         table[:, CONSTRAINED] = constrained_array
         table[:, THINKING] = False if thinking is None else np.asarray(thinking, bool)
         state = cls(table)
+        state.occupied[:] = True
         for row, subset in enumerate(subsets):
             if subset is not None:
                 state._limit(artifact, row, subset)
@@ -236,6 +239,7 @@ class BatchState:
         self._limit(artifact, row, subset)
         self._rank(artifact, row, prior, model_weight)
         self.following[row] = None if follow is None else Following(follow)
+        self.occupied[row] = True
         if k > self.used.shape[1]:
             self.table = np.pad(self.table, ((0, 0), (0, k - self.used.shape[1])), constant_values=-1)
         self.k[row] = k
@@ -264,14 +268,14 @@ class BatchState:
         needed goes with them (:meth:`release`)."""
         self.status[row], self.constrained[row] = DONE, 0
         self.following[row] = None
-        self.limited[row] = False
+        self.limited[row] = self.occupied[row] = False
         self.release()
 
     def release(self) -> None:
         """Keep only the widths the rows not removed need: used-tool columns for their largest k, per-row
         edge counts while one of them has a subset, ranker rows while one of them has a prior. A request with a
         large k, a subset or a prior widens the state while it lives, and no longer."""
-        live = self.constrained.astype(bool) | (self.status != DONE)  # removed rows are done and unconstrained
+        live = self.occupied
         width = max(1, int(self.k[live].max(initial=1)))
         if width < self.used.shape[1]:
             self.table = np.ascontiguousarray(self.table[:, : USED + width])
@@ -290,7 +294,7 @@ class BatchState:
             array[target] = array[source]
         self.following[target] = self.following[source]
         self.status[source], self.constrained[source] = DONE, 0
-        self.following[source], self.limited[source] = None, False
+        self.following[source], self.limited[source], self.occupied[source] = None, False, False
 
     def swap(self, a: int, b: int) -> None:
         """Rows ``a`` and ``b`` trade places."""
@@ -302,7 +306,8 @@ class BatchState:
 
     def _row_arrays(self) -> list[npt.NDArray[Any]]:
         """The arrays with a row per slot (those without rows are not in use)."""
-        return [array for array in (self.table, self.counts, self.allowed, self.ranker, self.limited) if array.shape[0]]
+        return [array for array in (self.table, self.counts, self.allowed, self.ranker, self.limited,
+                                                   self.occupied) if array.shape[0]]
 
     def grow(self, capacity: int) -> None:
         """Room for ``capacity`` rows; the new ones are free."""
@@ -312,6 +317,7 @@ class BatchState:
         self.table = np.concatenate([self.table, BatchState.empty(extra, k_max=self.used.shape[1]).table])
         self.following += [None] * extra
         self.limited = np.concatenate([self.limited, np.zeros(extra, dtype=bool)])
+        self.occupied = np.concatenate([self.occupied, np.zeros(extra, dtype=bool)])
         if self.counts.shape[0]:
             self.counts = np.concatenate([self.counts, np.zeros((extra, self.counts.shape[1]), np.int32)])
             self.allowed = np.concatenate([self.allowed, np.zeros((extra, self.allowed.shape[1]), np.uint8)])
@@ -332,6 +338,7 @@ class BatchState:
         self.table = np.ascontiguousarray(self.table[order])
         self.following = [self.following[i] for i in order.tolist()]
         self.limited = np.ascontiguousarray(self.limited[order])
+        self.occupied = np.ascontiguousarray(self.occupied[order])
         if self.counts.shape[0]:
             self.counts = np.ascontiguousarray(self.counts[order])
             self.allowed = np.ascontiguousarray(self.allowed[order])
