@@ -45,7 +45,7 @@ from tooltrie.eval.datasets import load_split
 from tooltrie.integrations.vllm_rows import request_args
 from tooltrie.ranker import DEFAULT_PRIOR
 from tooltrie.registry import BFCL_PATH, CATALOG_PATH, Registry, load_registry
-from tooltrie.serve.limits import ServeLimits
+from tooltrie.serve.limits import ServeLimits, answer_budget
 from tooltrie.serve.model import load_model, save_model_as_served
 from tooltrie.serve.policy import Policy
 from tooltrie.serve.prefilter import Prefilter
@@ -268,9 +268,13 @@ def test_hostile_vllm_xargs_are_refused_and_never_disturb_the_engine(stack: Stac
     if data.draw(st.booleans()):
         base.update(request_args(names["catalog"], base["tooltrie_k"], prior=[0.5] * 47, flat=True))
     xargs = _hostile(data.draw, base, names)
+    outcome = _outcome(xargs, root)  # decided before the reply, from the arguments alone
+    # an answer's whole budget where one is due (a valid k may be large), a few tokens of prose where none is
+    budget = answer_budget(load_artifact_named(root, xargs["tooltrie_artifact"]), xargs["tooltrie_k"]) if (
+        outcome == "answered") else 40
     model = stack.client.get(stack.url + "/v1/models").json()["data"][0]["id"]
-    body = {"model": model, "prompt": "Query: What will the weather be in Paris tomorrow?\nTools:", "max_tokens": 40,
-            "temperature": 0, "vllm_xargs": xargs}
+    body = {"model": model, "prompt": "Query: What will the weather be in Paris tomorrow?\nTools:",
+            "max_tokens": budget, "temperature": 0, "vllm_xargs": xargs}
     query = data.draw(st.sampled_from(FUZZ_QUERIES))
     with ThreadPoolExecutor(1) as pool:  # the valid request decodes while the hostile one arrives
         valid = pool.submit(same_answer, stack, {"Authorization": f"Bearer {OPEN_KEY}"},
@@ -281,7 +285,6 @@ def test_hostile_vllm_xargs_are_refused_and_never_disturb_the_engine(stack: Stac
             valid.result()
     FUZZ["sent"] += 1
     assert stack.process.poll() is None, "vllm serve exited"
-    outcome = _outcome(xargs, root)
     FUZZ[outcome] += 1
     if outcome == "refused":
         assert reply.status_code == 400, (xargs, reply.status_code, reply.text[:500])
@@ -293,6 +296,12 @@ def test_hostile_vllm_xargs_are_refused_and_never_disturb_the_engine(stack: Stac
         names_out = Contract().parse(reply.json()["choices"][0]["text"])
         k = xargs["tooltrie_k"]
         assert len(names_out) == k == len(set(names_out)), (xargs, names_out)
+
+
+def load_artifact_named(root: Path, name: str) -> Any:
+    from tooltrie.compiler import Artifact
+
+    return Artifact.load(root / name)
 
 
 def _root_files(stack: Stack, root: Path) -> dict[str, str]:
