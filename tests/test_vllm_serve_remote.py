@@ -16,20 +16,14 @@ tooltrie's processor, the default model as served (its adapter merged, float32).
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import httpx
 import pytest
@@ -40,6 +34,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (make test-vllm builds
 
 from support.serve_http import check_answer, running_server, smollm_tokenizer
 
+from tooltrie.compiler import Artifact
 from tooltrie.compiler.contract import Contract
 from tooltrie.eval.datasets import load_split
 from tooltrie.integrations.vllm_rows import request_args
@@ -52,8 +47,8 @@ from tooltrie.serve.prefilter import Prefilter
 from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.service import DiscoveryService
 from tooltrie.serve.vllm_remote import VllmServer
+from tooltrie.vllm_server import OUTCOMES, free_port, hostile, outcome, root_files, start_vllm, stop, wait_up
 
-PROCESSOR = "tooltrie.integrations.vllm:TrieVllmProcessorV1"  # by name: the CPU worker imports it after its scan
 QUERIES = 6  # held-out catalog queries, each at k = 1, 2, 3
 NARROWED = ({}, {"allow": ["WeatherTool", "NewsTool", "MapTool", "FinanceTool"]}, {"deny": ["WeatherTool", "MapTool"]})
 # Ranked by the prior (the default, hybrid), alone or fused, and narrowed by the pre-filter: the prior travels.
@@ -65,56 +60,11 @@ ACME_TOOLS = ["WeatherTool", "NewsTool", "MapTool", "FinanceTool", "TripTool", "
 POLICY = Policy.parse({"tenants": {  # a tenant of every tool, and one whose policy narrows the catalog
     "everyone": {"keys": [OPEN_KEY], "registries": {"catalog": {}, "bfcl": {}}},
     "acme": {"keys": [ACME_KEY], "registries": {"catalog": {"allow": ACME_TOOLS}}}}})
-START_S = 900  # vLLM's start-up on two shared cores (eager mode, no torch.compile)
-# Hostile requests the fuzzer sends in the suite, each beside a valid one (TOOLTRIE_FUZZ_EXAMPLES for a longer run).
-FUZZ_EXAMPLES = int(os.environ.get("TOOLTRIE_FUZZ_EXAMPLES", "60"))
+# Hostile requests the fuzzer sends in the suite, each beside a valid one through both endpoints (three requests an
+# example); bench/fuzz_vllm.py sends more.
+FUZZ_EXAMPLES = int(os.environ.get("TOOLTRIE_FUZZ_EXAMPLES", "100"))
 FUZZ_QUERIES = ("Convert 100 US dollars to euros", "What will the weather be in Paris tomorrow?",
                 "Find me a flight to Rome and the news there", "Is there a good recipe for lasagne?")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def start_vllm(model_dir: Path, port: int, log: BinaryIO, root: Path) -> subprocess.Popen[bytes]:
-    """vLLM's OpenAI server as a user starts it for ``tooltrie serve --vllm-url``, sized for a small CPU machine.
-    (The CPU build's ``vllm serve`` looks up the version of a package named ``vllm`` and fails; its server module
-    runs the same server.)"""
-    # -P: the working directory (the repository root, whose kernels/ transformers would import as Hugging Face's
-    # `kernels` package, numba and all) stays off the server's and its workers' import path.
-    command = [sys.executable, "-P", "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-               "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
-               "--max-model-len", "2048", "--max-num-seqs", "16", "--seed", "0", "--logits-processors", PROCESSOR,
-               "--logprobs-mode", "processed_logprobs"]
-    env = {**os.environ, "VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "TOOLTRIE_ARTIFACT_ROOT": str(root)}
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-def wait_up(process: subprocess.Popen[bytes], url: str, log: Path) -> None:
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"vllm serve exited with {process.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(2)
-    raise AssertionError(f"vllm serve did not start within {START_S} s:\n{log.read_text()[-4000:]}")
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)  # its engine and worker processes too
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(30)
 
 
 def check_completions_route(client: httpx.Client, url: str, artifact: Path, catalog: Registry) -> None:
@@ -208,51 +158,7 @@ def same_answer(stack: Stack, headers: dict[str, str], ask: dict[str, Any], regi
 
 # -- the fuzzer: hostile vllm_xargs from any client of vLLM's server, beside valid requests -------------------------
 
-HOSTILE_VALUES = st.one_of(
-    st.integers(-(2**70), 2**70), st.floats(allow_nan=False, allow_infinity=False),
-    st.sampled_from([1e39, -1e39, 1e300, 3e38, 10**400]), st.text(max_size=40),
-    st.sampled_from(["../catalog.trie.safetensors", "/etc/passwd", ".served", "catalög.trie.safetensors", "\x00",
-                     "f32:" + "A" * 2_000_000, "f32:AAAA", "x" * 100_000]),
-    st.lists(st.one_of(st.integers(-5, 100), st.floats(allow_nan=False), st.text(max_size=3)), max_size=60),
-    st.sampled_from([[1e39] * 47, [0.0] * 100_000, list(range(48)), [5, 5], [1.0, 1.0, 0.5, 3.0],
-                     [1.0, 1e30, 0.5, 3.0]]))
-KEYS = ("tooltrie_artifact", "tooltrie_k", "tooltrie_tools", "tooltrie_prior", "tooltrie_model_weight",
-        "tooltrie_query", "tooltrie_follow", "tooltrie_follow_version", "tooltrie_sha256", "tooltrie_other")
-FUZZ = {"sent": 0, "refused": 0, "answered": 0, "plain": 0}
-
-
-def _hostile(draw: Any, base: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
-    """``base`` (valid xargs) with one to three keys given hostile values, or dropped, or pointing at another file of
-    the root (another vocabulary's artifact, the processor's own lexical index, a file swapped under a name)."""
-    xargs = dict(base)
-    for _ in range(draw(st.integers(1, 3))):
-        key = draw(st.sampled_from(KEYS))
-        action = draw(st.sampled_from(("value", "value", "drop", "file")))
-        if action == "drop":
-            xargs.pop(key, None)
-        elif action == "file":
-            xargs["tooltrie_artifact"] = draw(st.sampled_from(sorted(names.values())))
-        else:
-            xargs[key] = draw(HOSTILE_VALUES)
-    return xargs
-
-
-def _outcome(xargs: dict[str, Any], root: Path) -> str:
-    """What admission must do with ``xargs`` ("refused", "answered", or "plain": not ours), as this process parses
-    them (the code the processor runs) against the same root and served model."""
-    from types import SimpleNamespace
-
-    from tooltrie.integrations.vllm_rows import ROOT_ENV, ServedModel, parse_request_args, record_served
-
-    tokenizer = smollm_tokenizer()
-    record_served(ServedModel(tokenizer.fingerprint, tokenizer.vocab_size, tokenizer.eos_id), root=root)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(ROOT_ENV, str(root))
-        try:
-            args = parse_request_args(SimpleNamespace(extra_args=json.loads(json.dumps(xargs))))
-        except ValueError:
-            return "refused"
-    return "plain" if args is None else "answered"
+FUZZ = dict.fromkeys(("sent", *OUTCOMES), 0)
 
 
 @settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
@@ -263,15 +169,18 @@ def test_hostile_vllm_xargs_are_refused_and_never_disturb_the_engine(stack: Stac
     the in-process answer, and vLLM's server never restarts."""
     catalog = load_registry(CATALOG_PATH)
     root = stack.work / "artifacts"
-    names = _root_files(stack, root)
+    if not any(root.glob("catalog-*.trie.safetensors")):  # published by the endpoint's first answer
+        same_answer(stack, {"Authorization": f"Bearer {OPEN_KEY}"}, {"query": "weather", "k": 1, "ranker": "fused"},
+                    catalog)
+    names = root_files(root, next(root.glob("catalog-*.trie.safetensors")).name)
     base = request_args(names["catalog"], data.draw(st.integers(1, 3)), flat=True)
     if data.draw(st.booleans()):
         base.update(request_args(names["catalog"], base["tooltrie_k"], prior=[0.5] * 47, flat=True))
-    xargs = _hostile(data.draw, base, names)
-    outcome = _outcome(xargs, root)  # decided before the reply, from the arguments alone
+    xargs = hostile(data.draw, base, names)
+    due = outcome(xargs, root)  # decided before the reply, from the arguments alone
     # an answer's whole budget where one is due (a valid k may be large), a few tokens of prose where none is
-    budget = answer_budget(load_artifact_named(root, xargs["tooltrie_artifact"]), xargs["tooltrie_k"]) if (
-        outcome == "answered") else 40
+    budget = answer_budget(Artifact.load(root / xargs["tooltrie_artifact"]), xargs["tooltrie_k"]) if (
+        due == "answered") else 40
     model = stack.client.get(stack.url + "/v1/models").json()["data"][0]["id"]
     body = {"model": model, "prompt": "Query: What will the weather be in Paris tomorrow?\nTools:",
             "max_tokens": budget, "temperature": 0, "vllm_xargs": xargs}
@@ -285,43 +194,17 @@ def test_hostile_vllm_xargs_are_refused_and_never_disturb_the_engine(stack: Stac
             valid.result()
     FUZZ["sent"] += 1
     assert stack.process.poll() is None, "vllm serve exited"
-    FUZZ[outcome] += 1
-    if outcome == "refused":
+    FUZZ[due] += 1
+    if due == "refused":
         assert reply.status_code == 400, (xargs, reply.status_code, reply.text[:500])
         assert str(root) not in reply.text
-    elif outcome == "plain":
+    elif due == "plain":
         assert reply.status_code == 200, (xargs, reply.text[:500])
     else:
         assert reply.status_code == 200, (xargs, reply.text[:500])
         names_out = Contract().parse(reply.json()["choices"][0]["text"])
         k = xargs["tooltrie_k"]
         assert len(names_out) == k == len(set(names_out)), (xargs, names_out)
-
-
-def load_artifact_named(root: Path, name: str) -> Any:
-    from tooltrie.compiler import Artifact
-
-    return Artifact.load(root / name)
-
-
-def _root_files(stack: Stack, root: Path) -> dict[str, str]:
-    """The root's files the fuzzer names: the catalog's artifact (published by the endpoint's first answer), another
-    vocabulary's artifact, the lexical index beside an artifact, and a name whose file is swapped for another's."""
-    if not any(root.glob("catalog-*.trie.safetensors")):
-        same_answer(stack, {"Authorization": f"Bearer {OPEN_KEY}"}, {"query": "weather", "k": 1, "ranker": "fused"},
-                    load_registry(CATALOG_PATH))
-    catalog = next(root.glob("catalog-*.trie.safetensors")).name
-    gpt2 = root / "gpt2-catalog.trie.safetensors"
-    if not gpt2.exists():
-        from tooltrie.compiler import TokenizerInfo, compile_registry
-
-        compile_registry(load_registry(CATALOG_PATH), TokenizerInfo.load("gpt2")).save(gpt2)
-    swapped = root / "swapped.trie.safetensors"
-    shutil.copy(root / (catalog if not swapped.exists() or swapped.stat().st_size != gpt2.stat().st_size
-                        else gpt2.name), swapped)  # alternates between the two
-    lexical = next(root.glob("*.lexical.safetensors"), None)
-    return {"catalog": catalog, "gpt2": gpt2.name, "swapped": swapped.name,
-            **({"lexical": lexical.name} if lexical else {})}
 
 
 def test_the_fuzzers_figures(stack: Stack) -> None:
