@@ -92,9 +92,12 @@ $(EVAL_GRAMMARS): build/$(REGISTRY_NAME).k%.ebnf: $(REGISTRY) $(ARTIFACT) | inst
 # The engine, hf, unconstrained and xgrammar arms on a bundled held-out split (CPU); results in build/eval/.
 EVAL_DATASET ?= metatool-single
 EVAL_ARMS ?= engine,hf,unconstrained,xgrammar
+# The decoders compared on the model's own scores (hf and xgrammar have no prior); EVAL_RANKER=auto measures the
+# engine as `tooltrie serve` answers.
+EVAL_RANKER ?= model
 eval: $(ARTIFACT) | install
-	$(BIN)/tooltrie eval --dataset $(EVAL_DATASET) --arms $(EVAL_ARMS) --registry $(REGISTRY) --artifact $(ARTIFACT) \
-		-o build/eval/$(subst :,-,$(EVAL_DATASET))
+	$(BIN)/tooltrie eval --dataset $(EVAL_DATASET) --arms $(EVAL_ARMS) --ranker $(EVAL_RANKER) --registry $(REGISTRY) \
+		--artifact $(ARTIFACT) -o build/eval/$(subst :,-,$(EVAL_DATASET))
 
 # vLLM, two ways (docs/vllm.md), each in an environment that sees this one's packages (torch, transformers, tooltrie)
 # through a .pth file, with vLLM installed without its dependencies plus, pinned, the pure-Python packages it imports:

@@ -44,7 +44,7 @@ def add_commands(commands: Any) -> None:
     ev.add_argument("--vllm", action="append", default=[], metavar="KEY=VALUE",
                     help="a setting of the vLLM arms' LLM (VALUE read as JSON, else text), over the machine's "
                          "defaults (on a CPU: enforce_eager=true, kv_cache_memory_bytes=2 GiB); repeatable")
-    add_ranker_options(ev, what="the engine arm's", default="model")
+    add_ranker_options(ev, what="the engine arm's")  # auto: what `ask` and `serve` answer with, measured
     ev.add_argument("--no-follow", dest="follow", action="store_false",
                     help="the prior of every tool is the first tool's: it does not follow the answer (to measure "
                          "what following it adds; ranker.FollowUp)")

@@ -86,13 +86,23 @@ class RequestTimeoutError(ServeError):
     code = "timeout"
 
 
-class UpstreamTimeoutError(RequestTimeoutError):
+class UpstreamError(ServeError):
+    """A failure of the vLLM server the endpoint answers through (``serve --vllm-url``). Its message says only the
+    kind of failure and ``request_id``; the details (the server's address, its answer, the error's text) are in the
+    endpoint's log under the same id, never in what a client reads."""
+
+    def __init__(self, message: str, *, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
+class UpstreamTimeoutError(UpstreamError, RequestTimeoutError):
     """The vLLM server the endpoint answers through (``serve --vllm-url``) did not answer in time."""
 
     code = "upstream_timeout"
 
 
-class BadGatewayError(ServeError):
+class BadGatewayError(UpstreamError):
     """The vLLM server the endpoint answers through cannot be reached, refused the request, or answered something
     that is not k tools of the registry."""
 

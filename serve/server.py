@@ -352,7 +352,11 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
 
     ``vllm_url``: answer through the vLLM server there (``vllm_remote.py``) instead of loading the model: ``model``
     then says which model that server runs (for its tokenizer and prompt style), ``vllm_model`` its name there (None:
-    the only one it lists), ``vllm_artifacts`` the directory the artifacts are written to for it to read."""
+    the only one it lists), ``vllm_artifacts`` the directory the artifacts are written to for it to read; a
+    ``dtype`` other than auto is refused then (the model's dtype is that server's)."""
+    if vllm_url is not None and dtype != "auto":  # nothing here would use it: say so rather than ignore it
+        raise TooltrieError(f"--dtype {dtype} cannot be used with --vllm-url: no model is loaded here, and the "
+                            "model's dtype is the vLLM server's (vllm serve --dtype)")
     import uvicorn
     from transformers.utils import logging as transformers_logging
 

@@ -19,12 +19,16 @@ tool's score is the sum of its decisions' logprobs, as the engine reports it.
 :class:`RemoteEngine` stands where an ``Engine`` stands in the worker (``worker.py``): ``submit`` starts the call on
 a thread of the server's pool, ``step`` hands back what has finished. A vLLM that cannot be reached, refuses the
 request or answers something that is not an answer is a 502 for that request, one that does not answer in time a
-504; the endpoint goes on.
+504; the endpoint goes on. The client is told the kind of failure and a request id (:func:`upstream_error`), nothing
+internal: vLLM's address, its answer, the error's text and the artifacts' directory are logged (WARNING) under the
+same id.
 """
 
 from __future__ import annotations
 
+import logging
 import re
+import secrets
 import threading
 import time
 from collections.abc import Collection, Sequence
@@ -42,7 +46,7 @@ from tooltrie.errors import DecodeError
 from tooltrie.integrations.vllm_rows import request_args
 from tooltrie.kernels.batch import TrieBatch
 from tooltrie.ranker import MODEL_ONLY, Prior, Ranker, RankerError
-from tooltrie.serve.errors import BadGatewayError, UpstreamTimeoutError
+from tooltrie.serve.errors import BadGatewayError, UpstreamError, UpstreamTimeoutError
 from tooltrie.serve.limits import answer_budget
 from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.request import Answer, Request, RequestStatus, ToolChoice, check_request, request_prior
@@ -55,6 +59,32 @@ STEP_WAIT_S = 0.01
 # back through the worker's step before the service gives up on the request. So a vLLM that does not answer in time
 # is reported as such (504, upstream_timeout), and the pool thread the call held is free again by then.
 UPSTREAM_MARGIN_S = 0.5
+
+logger = logging.getLogger(__name__)
+
+# The kinds of failure a client is told of (``upstream_error``); the details go to the log.
+UNREACHABLE = "the decoding server could not be reached"
+NOT_AN_ANSWER = "the decoding server answered something that is not an answer"
+LATE = "the decoding server did not answer in time"
+
+
+def refused(status: int) -> str:
+    """The kind of failure of a reply with HTTP ``status`` (not 200): vLLM refused the request (a 4xx, e.g. our
+    arguments) or failed on it.
+
+    >>> refused(400), refused(503)
+    ('the decoding server refused the request (HTTP 400)', 'the decoding server failed on the request (HTTP 503)')
+    """
+    return f"the decoding server {'refused' if 400 <= status < 500 else 'failed on'} the request (HTTP {status})"
+
+
+def upstream_error(kind: str, detail: str, error: type[UpstreamError] = BadGatewayError) -> UpstreamError:
+    """The ``error`` (502, or ``UpstreamTimeoutError``'s 504) a client gets for a failure of the vLLM server: its
+    ``kind`` and a request id made for it, nothing internal. ``detail`` (the server's address, its answer, the
+    error's text) is logged at WARNING with the same id."""
+    request_id = secrets.token_hex(8)
+    logger.warning("request id %s: %s: %s", request_id, kind, detail)
+    return error(f"{kind} (request id {request_id}; the details are in the endpoint's log)", request_id=request_id)
 
 
 def upstream_timeout_s(timeout_s: float) -> float:
@@ -141,10 +171,12 @@ class VllmServer:
 
     def model_name(self, *, deadline: float | None = None) -> str:
         if self.model is None:
-            listed = [entry.get("id") for entry in self._call("GET", "/models", deadline=deadline).get("data", [])]
+            data = self._call("GET", "/models", deadline=deadline).get("data")
+            listed = [entry.get("id") if isinstance(entry, dict) else None
+                      for entry in (data if isinstance(data, list) else [data])]
             if len(listed) != 1 or not isinstance(listed[0], str):
-                raise BadGatewayError(f"the vLLM server at {self.base} serves models {listed}; name the one to use "
-                                      "(--vllm-model)")
+                raise upstream_error(NOT_AN_ANSWER, f"the vLLM server at {self.base} serves models {listed}; name "
+                                     "the one to use (--vllm-model)")
             self.model = listed[0]
         return self.model
 
@@ -159,27 +191,30 @@ class VllmServer:
         url = self.base + route
         # httpx bounds each wait (connect, send, each read) by it: a vLLM that sends nothing is left at the deadline.
         left = upstream_timeout_s(self.timeout_s) if deadline is None else deadline - time.monotonic()
-        late = UpstreamTimeoutError(f"the vLLM server at {self.base} did not answer within the server's timeout of "
-                                    f"{self.timeout_s:g} s")
+
+        def late() -> UpstreamError:
+            return upstream_error(LATE, f"the vLLM server at {self.base} did not answer {method} {route} within the "
+                                  f"server's timeout of {self.timeout_s:g} s", UpstreamTimeoutError)
+
         if left <= 0:
-            raise late
+            raise late()
         try:
             reply = self.client.request(method, url, json=body, timeout=left)
         except httpx.TimeoutException:
-            raise late from None
+            raise late() from None
         except httpx.HTTPError as exc:
-            raise BadGatewayError(f"the vLLM server at {self.base} cannot be reached ({type(exc).__name__}: "
-                                  f"{exc})") from None
+            raise upstream_error(UNREACHABLE, f"the vLLM server at {self.base} cannot be reached "
+                                 f"({type(exc).__name__}: {exc})") from None
         if reply.status_code != 200:
-            raise BadGatewayError(f"the vLLM server at {self.base} answered {method} {route} with "
-                                  f"{reply.status_code}: {_message(reply)}")
+            raise upstream_error(refused(reply.status_code), f"the vLLM server at {self.base} answered {method} "
+                                 f"{route} with {reply.status_code}: {_message(reply)}")
         try:
             data = reply.json()
         except ValueError:
             data = None
         if not isinstance(data, dict):
-            raise BadGatewayError(f"the vLLM server at {self.base} answered {method} {route} with something that "
-                                  "is not a JSON object")
+            raise upstream_error(NOT_AN_ANSWER, f"the vLLM server at {self.base} answered {method} {route} with "
+                                 f"something that is not a JSON object: {reply.text[:500]!r}")
         return data
 
 
@@ -269,7 +304,7 @@ class RemoteEngine:
             "prompt": prompt_ids, "max_tokens": answer_budget(artifact, k), "temperature": 0.0,
             "logprobs": 1, "stop_token_ids": [artifact.eos_id], "skip_special_tokens": False,
             "return_token_ids": True,
-            "vllm_xargs": request_args(self.artifact_path.name, k, tools=tools, flat=True,
+            "vllm_xargs": request_args(self.artifact_path.name, k, tools=tools, sha256=artifact.sha256, flat=True,
                                        **_prior_args(request.prior))},
             deadline=deadline)
         try:
@@ -278,27 +313,27 @@ class RemoteEngine:
             logprobs = [float(lp) if lp is not None else 0.0 for lp in choice["logprobs"]["token_logprobs"]]
             finish_reason = str(choice.get("finish_reason"))
         except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise BadGatewayError(f"the vLLM server at {self.server.base} answered without the answer's tokens and "
-                                  f"logprobs ({type(exc).__name__}: {exc}); tooltrie needs vLLM 0.32 or later"
-                                  ) from None
+            raise upstream_error(NOT_AN_ANSWER, f"the vLLM server at {self.server.base} answered without the "
+                                 f"answer's tokens and logprobs ({type(exc).__name__}: {exc}); tooltrie needs vLLM "
+                                 "0.32 or later") from None
         if len(logprobs) != len(tokens):
-            raise BadGatewayError(f"the vLLM server at {self.server.base} answered {len(tokens)} tokens with "
-                                  f"{len(logprobs)} logprobs; its reply must give one logprob per token")
+            raise upstream_error(NOT_AN_ANSWER, f"the vLLM server at {self.server.base} answered {len(tokens)} "
+                                 f"tokens with {len(logprobs)} logprobs; its reply must give one logprob per token")
         if finish_reason == "stop" and (not tokens or tokens[-1] != artifact.eos_id):
             tokens.append(artifact.eos_id)  # a stop token vLLM left out of the list
             logprobs.append(0.0)
         try:
             chosen, decisions = replay(artifact, k, tokens, logprobs, width=self.tokenizer.vocab_size, subset=tools)
         except DecodeError as exc:  # the request was checked at submit: what fails now is vLLM's reply
-            raise BadGatewayError(f"the vLLM server at {self.server.base} answered tokens that cannot be replayed "
-                                  f"through the trie ({exc})") from None
+            raise upstream_error(NOT_AN_ANSWER, f"the vLLM server at {self.server.base} answered tokens that cannot "
+                                 f"be replayed through the trie ({exc})") from None
         if chosen is None:
             text = self.tokenizer.decode([t for t in tokens if t != artifact.eos_id])
-            raise BadGatewayError(f"the vLLM server at {self.server.base} answered {text[:120]!r}, which is not "
-                                  f"{k} distinct allowed tools of registry {artifact.registry.name!r}: is "
-                                  "tooltrie's processor loaded there (--logits-processors "
-                                  "tooltrie.integrations.vllm:TrieVllmProcessorV1), its TOOLTRIE_ARTIFACT_ROOT "
-                                  f"the directory of {self.artifact_path}?")
+            raise upstream_error(NOT_AN_ANSWER, f"the vLLM server at {self.server.base} answered {text[:120]!r}, "
+                                 f"which is not {k} distinct allowed tools of registry {artifact.registry.name!r}: "
+                                 "is tooltrie's processor loaded there (--logits-processors "
+                                 "tooltrie.integrations.vllm:TrieVllmProcessorV1), its TOOLTRIE_ARTIFACT_ROOT the "
+                                 f"directory of {self.artifact_path}?")
         ids = [t for t in tokens if t != artifact.eos_id]
         return Answer(tools=chosen, finish_reason="stop", token_ids=tokens, text=self.tokenizer.decode(ids),
                       forward_passes=len(tokens), decision_points=decisions, prompt_tokens=len(prompt_ids),

@@ -4,6 +4,7 @@ the results come out as JSON, Markdown and PNG side by side (also through ``tool
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from pathlib import Path
@@ -17,6 +18,7 @@ from tooltrie.compiler import Artifact, TokenizerInfo
 from tooltrie.compiler.ebnf import exactly_k_ebnf
 from tooltrie.compiler.tokenizer_info import BUNDLED_TOKENIZERS_DIR
 from tooltrie.eval.backends import EvalSetup, XGrammarArm
+from tooltrie.eval.cli import add_commands as add_eval_commands
 from tooltrie.eval.datasets import load_split
 from tooltrie.eval.harness import evaluate
 from tooltrie.eval.report import write_results
@@ -126,18 +128,26 @@ def test_cli_eval_with_a_model_directory(tmp_path: Path, monkeypatch: pytest.Mon
     assert (tmp_path / "out" / "report.md").is_file() and not (tmp_path / "out" / "accuracy.png").exists()
 
 
+def test_eval_ranks_as_ask_and_serve_do_by_default() -> None:
+    """``tooltrie eval``'s engine arm ranks by ``--ranker auto`` unless told, as ``ask`` and ``serve`` answer."""
+    parser = argparse.ArgumentParser()
+    add_eval_commands(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["eval", "-o", "out"]).ranker == "auto"
+    assert parser.parse_args(["eval", "-o", "out", "--ranker", "model"]).ranker == "model"
+
+
 def test_cli_eval_measures_the_default_ranker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_network: None,
                                              capsys: pytest.CaptureFixture[str]) -> None:
-    """``--ranker auto`` is measured as ``ask`` and ``serve`` answer by default: a model without an adapter ranks by
-    the prior alone, so its engine arm answers exactly as the lexical prior's own arm."""
+    """Without ``--ranker``, the engine arm is measured as ``ask`` and ``serve`` answer by default (``auto``), and
+    the record says what it resolved to: a model without an adapter ranks by the prior alone, so its engine arm
+    answers exactly as the lexical prior's own arm."""
     model_dir = model_directory(tmp_path, monkeypatch)
     queries = tmp_path / "q.jsonl"
     queries.write_text('{"query": "weather in Oslo", "tools": ["WeatherTool"]}\n'
                        '{"query": "stock prices and the news", "tools": ["FinanceTool", "NewsTool"]}\n'
                        '{"query": "find me a job", "tools": ["JobTool"]}\n', encoding="utf-8")
     code = main(["eval", "--model", str(model_dir), "--dataset", str(queries), "--arms", "engine,lexical",
-                 "--ranker", "auto", "--prior", "lexical", "--prompt-style", "short", "--no-plots",
-                 "-o", str(tmp_path / "out")])
+                 "--prior", "lexical", "--prompt-style", "short", "--no-plots", "-o", str(tmp_path / "out")])
     assert code == 0
     capsys.readouterr()
     results = read_results(tmp_path / "out" / "results.json")

@@ -5,9 +5,12 @@ and the answer so far, masked by ``TrieMatcher``, greedy) that answers as vLLM s
 
 - the same answers as the in-process engine, as the same JSON: tools, pointers, scores (summed from the returned
   logprobs) and token counts, at k = 1, 2, 3; the request carries the prompt's ids and the flat request arguments;
-- vLLM down: 502 naming it, and the endpoint lives on (answers once vLLM is up); vLLM slow: 504 upstream_timeout,
-  given before the service's own timeout, its pool thread free again; vLLM refusing the request, answering prose (no
-  processor), fewer logprobs than tokens, or tokens the trie cannot replay: 502 saying why;
+- vLLM down: 502, and the endpoint lives on (answers once vLLM is up); vLLM slow: 504 upstream_timeout, given
+  before the service's own timeout, its pool thread free again; vLLM refusing the request, answering prose (no
+  processor), fewer logprobs than tokens, or tokens the trie cannot replay: 502. Each names the kind of failure and
+  a request id, nothing internal (vLLM's URL, its port, its answer, the artifacts' directory): those are logged with
+  the request id, at WARNING;
+- ``serve --vllm-url`` refuses ``--dtype`` (the model's dtype is the vLLM server's);
 - the answer's token budget is one definition (``limits.answer_budget``), which the deepest answer fits, on both
   paths: what vLLM may generate, and what the in-process service keeps free of the model's context;
 - allow/deny travel as the allowed tools' ids (``tooltrie_tools``), a retrieval or fused request's prior as its
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -40,6 +45,7 @@ import pytest
 import torch
 from support.serve_http import check_answer, running_server, same_answer, smollm_tokenizer, tiny_service
 
+from tooltrie.cli import main
 from tooltrie.compiler import Artifact
 from tooltrie.compiler.trie import phase_of
 from tooltrie.errors import DecodeError
@@ -64,6 +70,7 @@ pytestmark = pytest.mark.usefixtures("loopback_only")
 
 QUERIES = ("What's the weather in Paris tomorrow?", "Convert 100 USD to EUR", "Find me a recipe for dinner")
 TIMEOUT = 120.0
+REQUEST_ID = re.compile(r"request id ([0-9a-f]{16})\b")
 
 
 class StandIn:
@@ -224,6 +231,28 @@ def client_of(service: DiscoveryService) -> Iterator[httpx.Client]:
         yield client
 
 
+def upstream_failure(reply: httpx.Response, caplog: pytest.LogCaptureFixture, url: str, *, says: str,
+                     hidden: list[str], logged: list[str], status: int = 502, code: str = "bad_gateway") -> str:
+    """``reply`` is a ``status`` naming the upstream's kind of failure (``says``) and a request id, and nothing
+    internal: not vLLM's ``url``, host or port, the artifacts' directory, nor any of ``hidden`` (its answer, the
+    error's text); the details (``logged``) are in one WARNING of ``vllm_remote``'s log, with the same request id.
+    The request id."""
+    assert reply.status_code == status and reply.json()["error"]["code"] == code, reply.text
+    message = reply.json()["error"]["message"]
+    assert says in message, message
+    host, _, port = url.removeprefix("http://").partition(":")
+    for text in [*hidden, url, host, f":{port}", "localhost", "http", "/v1", str(artifact_root())]:
+        assert text not in reply.text, (text, reply.text)
+    found = REQUEST_ID.search(message)
+    assert found is not None, message
+    records = [record for record in caplog.records if found.group(1) in record.getMessage()]
+    assert len(records) == 1, [record.getMessage() for record in caplog.records]
+    assert records[0].levelno == logging.WARNING and records[0].name == vllm_remote.__name__, records[0]
+    for text in logged:
+        assert text in records[0].getMessage(), (text, records[0].getMessage())
+    return found.group(1)
+
+
 def test_answers_as_the_engine_does(tmp_path: Path) -> None:
     catalog = load_registry(CATALOG_PATH)
     local_service = tiny_service([CATALOG_PATH], tmp_path / "local", limits=ServeLimits(timeout_s=TIMEOUT))
@@ -241,49 +270,55 @@ def test_answers_as_the_engine_does(tmp_path: Path) -> None:
         assert remote.get("/healthz").status_code == 200  # the probe registry, through vLLM too
     sent = vllm.requests[0]
     name = sent["vllm_xargs"]["tooltrie_artifact"]
-    assert sent["vllm_xargs"] == {"tooltrie_artifact": name, "tooltrie_k": 1}  # no subset: every tool
     assert "/" not in name and (artifact_root() / name).is_file()
+    pinned = Artifact.load(artifact_root() / name).sha256  # the file it means, pinned by its content
+    assert sent["vllm_xargs"] == {"tooltrie_artifact": name, "tooltrie_k": 1, "tooltrie_sha256": pinned}  # all tools
     assert sent["model"] == "tiny" and sent["temperature"] == 0.0 and all(isinstance(t, int) for t in sent["prompt"])
 
 
-def test_vllm_down_is_502_and_the_endpoint_lives_on(tmp_path: Path) -> None:
+def test_vllm_down_is_502_and_the_endpoint_lives_on(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
     port = free_port()
     with client_of(remote_service(f"http://127.0.0.1:{port}", tmp_path)) as client:
         reply = client.post("/v1/discover", json={"query": QUERIES[0], "k": 2})
-        assert reply.status_code == 502 and reply.json()["error"]["code"] == "bad_gateway", reply.text
-        assert f"127.0.0.1:{port}" in reply.json()["error"]["message"]
+        url = f"http://127.0.0.1:{port}"
+        first = upstream_failure(reply, caplog, url, says="could not be reached", hidden=["ConnectError", "refused"],
+                                 logged=[f"{url}/v1", "ConnectError"])
+        again = client.post("/v1/discover", json={"query": QUERIES[0], "k": 2})
+        assert upstream_failure(again, caplog, url, says="could not be reached", hidden=[], logged=[]) != first
         assert client.get("/v1/registries").status_code == 200
         with StandIn(port):  # vLLM comes up: the same endpoint answers
             reply = client.post("/v1/discover", json={"query": QUERIES[0], "k": 2})
             assert reply.status_code == 200, reply.text
 
 
-def test_vllm_slow_is_504_upstream_timeout_and_its_thread_is_freed(tmp_path: Path) -> None:
+def test_vllm_slow_is_504_upstream_timeout_and_its_thread_is_freed(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
     """vLLM does not answer: the call gives up before the service's own timeout, so the reply is the definite 504
     upstream_timeout (never the service's "timeout", which would leave the call holding its thread), and the pool's
     one thread is free again: the next request is answered while the first one's vLLM handler still hangs."""
+    caplog.set_level(logging.WARNING)
     with StandIn() as vllm:
         service = remote_service(vllm.url, tmp_path, limits=ServeLimits(timeout_s=2), concurrency=1)
         warm_replay(service.served("catalog").artifact)
         with client_of(service) as client:
             vllm.mode = "hang"
             reply = client.post("/v1/discover", json={"query": QUERIES[1], "k": 1})
-            assert reply.status_code == 504, reply.text
-            assert reply.json()["error"]["code"] == "upstream_timeout", reply.text
-            assert "did not answer" in reply.json()["error"]["message"], reply.text
+            upstream_failure(reply, caplog, vllm.url, says="did not answer in time", status=504,
+                             code="upstream_timeout", hidden=[], logged=[vllm.url, "2 s"])
             vllm.mode = "reference"  # the hanging handler is not released: only the call's own timeout freed it
             reply = client.post("/v1/discover", json={"query": QUERIES[1], "k": 1})
             assert reply.status_code == 200, reply.text
             assert len(vllm.requests) == 2 and not vllm.release.is_set()
 
 
-def test_fewer_logprobs_than_tokens_is_502(tmp_path: Path) -> None:
+def test_fewer_logprobs_than_tokens_is_502(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
     with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path)) as client:
         vllm.mode = "short"
         reply = client.post("/v1/discover", json={"query": QUERIES[0], "k": 2})
-        assert reply.status_code == 502 and reply.json()["error"]["code"] == "bad_gateway", reply.text
-        message = reply.json()["error"]["message"]
-        assert vllm.url in message and "1 logprobs" in message, message
+        upstream_failure(reply, caplog, vllm.url, says="not an answer", hidden=["logprob"],
+                         logged=[vllm.url, "1 logprobs"])
 
 
 class FailingReplay(TrieBatch):
@@ -293,15 +328,16 @@ class FailingReplay(TrieBatch):
         raise DecodeError("rows [0] reach outside the batch")
 
 
-def test_a_reply_the_trie_cannot_replay_is_vllms_fault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_reply_the_trie_cannot_replay_is_vllms_fault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
     """A ``DecodeError`` while replaying vLLM's tokens is about vLLM's reply (the request was checked before the
     call): 502, not the client's 422."""
+    caplog.set_level(logging.WARNING)
     monkeypatch.setattr(vllm_remote, "TrieBatch", FailingReplay)
     with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path)) as client:
         reply = client.post("/v1/discover", json={"query": QUERIES[0], "k": 1})
-        assert reply.status_code == 502 and reply.json()["error"]["code"] == "bad_gateway", reply.text
-        message = reply.json()["error"]["message"]
-        assert vllm.url in message and "rows [0] reach outside the batch" in message, message
+        upstream_failure(reply, caplog, vllm.url, says="not an answer", hidden=["rows [0]"],
+                         logged=[vllm.url, "rows [0] reach outside the batch"])
 
 
 def deepest_answer_tokens(artifact: Artifact, k: int) -> int:
@@ -339,12 +375,17 @@ def test_the_deepest_answer_fits_the_budget_on_both_paths(tmp_path: Path, k: int
         assert reply.status_code == 422 and "too long" in reply.json()["error"]["message"], reply.text
 
 
-@pytest.mark.parametrize(("mode", "says"), [("refuse", "tooltrie_k must be an int"), ("prose", "processor")])
-def test_vllm_refusing_or_unconstrained_is_502(tmp_path: Path, mode: str, says: str) -> None:
+@pytest.mark.parametrize(("mode", "says", "details"), [
+    ("refuse", "refused the request (HTTP 400)", ["tooltrie_k must be an int"]),  # vLLM refusing our arguments: 502
+    ("prose", "not an answer", ["processor", "TOOLTRIE_ARTIFACT_ROOT", "ROOT"])])  # ROOT: the artifacts' directory
+def test_vllm_refusing_or_unconstrained_is_502(tmp_path: Path, caplog: pytest.LogCaptureFixture, mode: str,
+                                               says: str, details: list[str]) -> None:
+    caplog.set_level(logging.WARNING)
+    details = [str(artifact_root()) if detail == "ROOT" else detail for detail in details]
     with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path)) as client:
         vllm.mode = mode
         reply = client.post("/v1/discover", json={"query": QUERIES[2], "k": 2})
-        assert reply.status_code == 502 and says in reply.json()["error"]["message"], reply.text
+        upstream_failure(reply, caplog, vllm.url, says=says, hidden=details, logged=[vllm.url, *details])
 
 
 ALLOWED = [  # (what the request narrows, the tools it leaves)
@@ -435,3 +476,22 @@ def test_busy_lanes_wait_once_per_turn_for_all_their_calls(catalog_artifact: Art
     calls[5].set_exception(RuntimeError("vLLM answered"))  # a call of another lane than the waiting one
     assert server._answered.is_set()
     server.close()
+
+
+def test_dtype_is_the_vllm_servers(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``serve --vllm-url`` loads no model: ``--dtype`` is refused, naming both options and where the dtype is set,
+    before anything starts; left at its default, it is no obstacle (the next check speaks)."""
+    import uvicorn
+
+    def run(*_: object, **__: object) -> None:
+        raise AssertionError("the server started")
+
+    monkeypatch.setattr(uvicorn, "run", run)
+    url = "http://127.0.0.1:9"
+    for dtype in ("float32", "bfloat16"):
+        assert main(["serve", "--vllm-url", url, "--dtype", dtype]) == 2
+        err = capsys.readouterr().err
+        assert "--dtype" in err and "--vllm-url" in err and "vllm serve --dtype" in err, err
+    assert main(["serve", "--vllm-url", url, "--host", "0.0.0.0", "--registry", str(CATALOG_PATH)]) == 2
+    err = capsys.readouterr().err
+    assert "without --policy" in err and "--dtype" not in err, err

@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              help="local Hugging Face causal-LM directory or adapter directory (default: SmolLM2)")
     serve_cmd.add_argument("--base", action="store_true", help="the base model alone, without the bundled adapter")
     serve_cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
-    _add_dtype_option(serve_cmd)
+    _add_dtype_option(serve_cmd, where="; not with --vllm-url (the vLLM server's: vllm serve --dtype)")
     serve_cmd.add_argument("--max-batch", type=int, default=16, help="rows decoded together; 1: no batching")
     serve_cmd.add_argument("--queue", type=int, default=128, help="requests waiting for a slot before 429")
     serve_cmd.add_argument("--timeout", type=float, default=30.0, help="seconds per request, queueing included")
@@ -81,8 +81,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                            help="tenants' API keys and allowed tools (YAML, see README); without it the server is "
                                 "open and binds loopback only")
     serve_cmd.add_argument("--prefilter", action="append", default=None, metavar="[REGISTRY=]N",
-                           help="keep the top N tools by embedding similarity before decoding (default and most a "
-                                "request may ask); repeat per registry")
+                           help="keep the N tools the query's retrieval prior ranks first (--prior, or the "
+                                "request's), then decode within them (default and most a request may ask); repeat "
+                                "per registry")
     add_ranker_options(serve_cmd, what="the server's")
     serve_cmd.add_argument("--train", action="store_true",
                            help="give each registry its own adapter, trained from its own text in the background "
@@ -171,11 +172,11 @@ def _decode(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_dtype_option(command: argparse.ArgumentParser) -> None:
+def _add_dtype_option(command: argparse.ArgumentParser, *, where: str = "") -> None:
     # The names of serve.model.DTYPE_NAMES, spelled out so --help needs no torch import.
     command.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                          help="weights and passes: auto is bfloat16 where the CPU has native bfloat16 (AMX, "
-                              "AVX512-BF16), else float32")
+                              f"AVX512-BF16), else float32{where}")
 
 
 def _ask(args: argparse.Namespace) -> int:
