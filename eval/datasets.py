@@ -4,28 +4,35 @@ split, and user JSONL files.
 A labelled query is ``{"query": str, "tools": [names]}`` (one JSON object per line; an optional ``"k"`` must equal
 the number of tools). Bundled (``eval/data/``, see ``eval/data/ATTRIBUTION.md``):
 
-================  ==============================  ==========  ===============================  ============
-name              file                            registry    stratum (a group of the split)   test rule
-================  ==============================  ==========  ===============================  ============
-metatool-single   metatool/queries_single_47      catalog     the gold tool (47)               10 per tool
-metatool-multi    metatool/queries_multi_k2       catalog     the unordered gold pair (88)     20 %
-bfcl              bfcl/queries (labelled only)    bfcl        the BFCL category (10)           10 %
-restbench-tmdb    restbench-tmdb/queries          its own     the unordered gold set (75)      halves
-restbench-spotify restbench-spotify/queries       its own     the unordered gold set (50)      halves
-toolalpaca        toolalpaca/queries              its own     the unordered gold set (100)     halves
-catalog-needs     needs/catalog                   catalog     the unordered gold set           halves
-bfcl-needs        needs/bfcl                      bfcl        the unordered gold set           halves
-tmdb-needs        needs/tmdb                      tmdb's      the unordered gold set           halves
-spotify-needs     needs/spotify                   spotify's   the unordered gold set           halves
-toolalpaca-needs  needs/toolalpaca                toolalpaca  the unordered gold set           halves
-================  ==============================  ==========  ===============================  ============
+===================  ==============================  ==========  ===============================  ============
+name                 file                            registry    stratum (a group of the split)   test rule
+===================  ==============================  ==========  ===============================  ============
+metatool-single      metatool/queries_single_47      catalog     the gold tool (47)               10 per tool
+metatool-multi       metatool/queries_multi_k2       catalog     the unordered gold pair (88)     20 %
+bfcl                 bfcl/queries (labelled only)    bfcl        the BFCL category (10)           10 %
+restbench-tmdb       restbench-tmdb/queries          its own     the unordered gold set (75)      halves
+restbench-spotify    restbench-spotify/queries       its own     the unordered gold set (50)      halves
+toolalpaca           toolalpaca/queries              its own     the unordered gold set (100)     halves
+catalog-needs        needs/catalog                   catalog     the unordered gold set           halves
+bfcl-needs           needs/bfcl                      bfcl        the unordered gold set           halves
+tmdb-needs           needs/tmdb                      tmdb's      the unordered gold set           halves
+spotify-needs        needs/spotify                   spotify's   the unordered gold set           halves
+toolalpaca-needs     needs/toolalpaca                toolalpaca  the unordered gold set           halves
+catalog-compound     compound/catalog                catalog     the unordered gold set           halves
+bfcl-compound        compound/bfcl                   bfcl        the unordered gold set           halves
+tmdb-compound        compound/tmdb                   tmdb's      the unordered gold set           halves
+spotify-compound     compound/spotify                spotify's   the unordered gold set           halves
+toolalpaca-compound  compound/toolalpaca             toolalpaca  the unordered gold set           halves
+===================  ==============================  ==========  ===============================  ============
 
 The ``-needs`` sets hold requests that describe a situation or a goal rather than a tool (``"kind": "need"``,
 ``LabelledQuery.kind``), written by hand for measuring how a ranker copes with wording that is not the registry's
 (``eval/data/needs/README.md``; ``python -m tooltrie.eval.wording`` checks they avoid their tools' words). Sizes
-(test / validation): 35 / 34, 33 / 32, 32 / 32, 32 / 32, 33 / 33, in the table's order. ``catalog-situations``
-holds requests of the same kind written separately to train on (``eval/data/situations/README.md``): all of it is
-its train split, less any text a test split holds.
+(test / validation): 35 / 34, 33 / 32, 32 / 32, 32 / 32, 33 / 33, in the table's order. The ``-compound`` sets hold
+requests that ask for several things at once, one tool per ask (``"kind": "compound"``, written by hand:
+``eval/data/compound/README.md``), 24 / 24 each (test / validation). ``catalog-situations`` holds need-describing
+requests written separately to train on (``eval/data/situations/README.md``): all of it is its train split, less
+any text a test split holds.
 
 **The split rule** (fixed, deterministic, no seed): within each stratum, queries are ordered by the sha256 of their
 normalized text (``normalize``: NFKC, case-folded, whitespace collapsed), ties by line. The first ones are the test
@@ -105,6 +112,12 @@ BUNDLED: dict[str, _Bundled] = {
        for name in ("restbench-tmdb", "restbench-spotify", "toolalpaca")},
     # need-describing requests, written by hand (eval/data/needs/README.md): a situation, not the tool's words
     **{f"{name}-needs": _Bundled(f"needs/{name}.jsonl", registry, "tool-set", halves=True)
+       for name, registry in (("catalog", CATALOG_PATH), ("bfcl", BFCL_PATH),
+                              ("tmdb", DATA_DIR / "restbench-tmdb" / "restbench-tmdb.json"),
+                              ("spotify", DATA_DIR / "restbench-spotify" / "restbench-spotify.json"),
+                              ("toolalpaca", DATA_DIR / "toolalpaca" / "toolalpaca.json"))},
+    # compound requests, written by hand: 2-4 asks, one tool each (eval/data/compound/README.md)
+    **{f"{name}-compound": _Bundled(f"compound/{name}.jsonl", registry, "tool-set", halves=True)
        for name, registry in (("catalog", CATALOG_PATH), ("bfcl", BFCL_PATH),
                               ("tmdb", DATA_DIR / "restbench-tmdb" / "restbench-tmdb.json"),
                               ("spotify", DATA_DIR / "restbench-spotify" / "restbench-spotify.json"),
