@@ -23,8 +23,8 @@ def add_commands(commands: Any) -> None:
                          "several joined by commas (one registry)")
     ev.add_argument("--arms", default=DEFAULT_EVAL_ARMS,
                     help=f"comma-separated: engine, fused, hf, unconstrained, xgrammar, retrieval (dense), lexical, "
-                         f"hybrid, vllm, "
-                         f"vllm-xgrammar, vllm-unconstrained (default: {DEFAULT_EVAL_ARMS})")
+                         f"hybrid, clauses (one tool per ask of the request), vllm, vllm-xgrammar, vllm-unconstrained "
+                         f"(default: {DEFAULT_EVAL_ARMS})")
     ev.add_argument("--registry", type=Path, default=None,
                     help="registry file or compiled artifact (default: the dataset's)")
     ev.add_argument("--artifact", type=Path, default=None, help="compiled artifact (default: compiled, cached)")
