@@ -701,11 +701,11 @@ class ArtifactRows:
             if self.model is not None:
                 check_served(artifact, where=f"artifact {args.artifact!r}", served=self.model)
             self._add(row, args, artifact)
-        except Exception as exc:
-            self.remove(row)
+        except Exception as exc:  # the request's alone: its row fails, the step goes on
             self._fail_row(row, artifact, exc)
 
     def _fail_row(self, row: int, artifact: Artifact | None, exc: Exception) -> None:
+        """``row`` ends with its stop token (the artifact's, else the served model's), whatever it is fed."""
         import logging
 
         self.remove(row)

@@ -1,0 +1,147 @@
+"""A prior that answers each ask, leave one registry out: the retrieval prior alone (no model), today's follow-up
+against one tool per ask of the request.
+
+For each request of the five development registries' validation and test splits, of three kinds (plainly worded,
+need-describing, compound: ``eval/data/compound/``), k its gold tools:
+
+- ``today``: the hybrid prior following the answer (``FollowUp.top``: what ``--ranker retrieval`` answers);
+- ``asks b``: the request cut into its asks (``tooltrie.asks.split_asks``), each ask's tools scored by its own hybrid
+  prior blended with the whole request's, ``(1 - b) * ask + b * whole`` (z-scores), one tool per ask, the best
+  ask-tool pairs first (``eval.backends.one_per_ask``); past the asks, today's follow-up from the tools chosen.
+
+The candidate with the best mean, over the other four registries, of the mean of the three kinds' validation exact-set
+rates is scored on the fifth's test requests, paired against ``today``. Every ask and request of a registry is
+embedded in one pass.
+
+    .venv/bin/python bench/sweep_asks.py [--out bench/results/sweep_asks.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from _common import print_table, write_results
+
+from tooltrie.asks import split_asks
+from tooltrie.compiler import TokenizerInfo, compile_cached
+from tooltrie.eval.backends import one_per_ask
+from tooltrie.eval.compare import bootstrap_interval
+from tooltrie.eval.datasets import LabelledQuery, load_split, registry_path
+from tooltrie.eval.scoring import answer_rates
+from tooltrie.ranker import UNTRAINED, Ranker, ranker_for
+from tooltrie.registry import load_registry
+
+SETS = {  # registry: the sets of each kind over it
+    "catalog": {"plain": ("metatool-single", "metatool-multi"), "need": ("catalog-needs",),
+                "compound": ("catalog-compound",)},
+    "bfcl": {"plain": ("bfcl",), "need": ("bfcl-needs",), "compound": ("bfcl-compound",)},
+    "tmdb": {"plain": ("restbench-tmdb",), "need": ("tmdb-needs",), "compound": ("tmdb-compound",)},
+    "spotify": {"plain": ("restbench-spotify",), "need": ("spotify-needs",), "compound": ("spotify-compound",)},
+    "toolalpaca": {"plain": ("toolalpaca",), "need": ("toolalpaca-needs",), "compound": ("toolalpaca-compound",)},
+}
+KINDS = ("plain", "need", "compound")
+BLENDS = (0.0, 0.25, 0.5, 0.75)
+CANDIDATES = ("today", *(f"asks {b}" for b in BLENDS))
+
+
+def answers(ranker: Ranker, queries: Sequence[LabelledQuery]) -> dict[str, list[list[int]]]:
+    """Each candidate's answer to each query (tool ids, k each)."""
+    asks = [split_asks(query.query) for query in queries]
+    texts = [text for query, parts in zip(queries, asks, strict=True) for text in (query.query, *parts)]
+    scores = ranker.prior_scores(texts, "hybrid")
+    result: dict[str, list[list[int]]] = {candidate: [] for candidate in CANDIDATES}
+    row = 0
+    for query, parts in zip(queries, asks, strict=True):
+        whole, by_ask = scores[row], scores[row + 1 : row + 1 + len(parts)]
+        row += 1 + len(parts)
+        follow = ranker.follow_up(query.query, whole, 1.0, "hybrid")
+        if follow is None:
+            raise RuntimeError("the hybrid prior follows the answer: a follow-up is expected")
+        result["today"].append(follow.top(query.k))
+        for blend in BLENDS:
+            chosen = one_per_ask((1 - blend) * by_ask + blend * whole, query.k)
+            while len(chosen) < query.k:
+                prior = np.array(follow(tuple(chosen)), np.float64)
+                prior[chosen] = -np.inf
+                chosen.append(int(np.argmax(prior)))
+            result[f"asks {blend}"].append(chosen)
+    return result
+
+
+def exact(names: Sequence[str], queries: Sequence[LabelledQuery], answered: list[list[int]]) -> np.ndarray:
+    return np.array([answer_rates([names[i] for i in tools], list(query.tools))["exact"]
+                     for query, tools in zip(queries, answered, strict=True)], float)
+
+
+def run() -> dict[str, Any]:
+    tokenizer = TokenizerInfo.load()
+    rates: dict[tuple[str, str, str], dict[str, np.ndarray]] = {}  # (registry, kind, split) -> candidate -> exact
+    for registry, kinds in SETS.items():
+        artifact = compile_cached(load_registry(registry_path(kinds["plain"][0])), tokenizer)
+        ranker = ranker_for(artifact, None, UNTRAINED)
+        for kind, names in kinds.items():
+            for split in ("validation", "test"):
+                queries = [query for name in names for query in load_split(name, split)]
+                answered = answers(ranker, queries)
+                rates[registry, kind, split] = {c: exact(artifact.registry.names, queries, answered[c])
+                                                for c in CANDIDATES}
+
+    def criterion(candidate: str, registries: Sequence[str]) -> float:
+        return float(np.mean([np.mean([rates[r, kind, "validation"][candidate].mean() for kind in KINDS])
+                              for r in registries]))
+
+    def best(registries: Sequence[str]) -> str:
+        return max(CANDIDATES, key=lambda c: (round(criterion(c, registries), 9), -CANDIDATES.index(c)))
+
+    names = list(SETS)
+    folds = {held: best([r for r in names if r != held]) for held in names}
+    results: dict[str, Any] = {"all five": best(names), "folds": folds, "validation": {
+        c: {r: {k: round(100 * float(rates[r, k, "validation"][c].mean()), 2) for k in KINDS} for r in names}
+        for c in CANDIDATES}, "held_out": {}, "pooled": {}}
+    pooled: dict[str, dict[str, list[np.ndarray]]] = {k: {"chosen": [], "today": []} for k in KINDS}
+    for i, held in enumerate(names):
+        results["held_out"][held] = {}
+        for j, kind in enumerate(KINDS):
+            chosen, today = rates[held, kind, "test"][folds[held]], rates[held, kind, "test"]["today"]
+            low, high = bootstrap_interval(chosen - today, resamples=10_000, rng=np.random.default_rng([i, j]))
+            results["held_out"][held][kind] = {"candidate": folds[held], "n": len(chosen),
+                                               "chosen": float(chosen.mean()), "today": float(today.mean()),
+                                               "interval": [low, high]}
+            pooled[kind]["chosen"].append(chosen)
+            pooled[kind]["today"].append(today)
+    for j, kind in enumerate(KINDS):
+        chosen, today = np.concatenate(pooled[kind]["chosen"]), np.concatenate(pooled[kind]["today"])
+        low, high = bootstrap_interval(chosen - today, resamples=10_000, rng=np.random.default_rng([9, j]))
+        results["pooled"][kind] = {"n": len(chosen), "chosen": float(chosen.mean()), "today": float(today.mean()),
+                                   "interval": [low, high]}
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out")
+    args = parser.parse_args(argv)
+    results = run()
+    print_table([{"candidate": c, **{f"{r} {k}": results["validation"][c][r][k] for r in SETS for k in KINDS}}
+                 for c in CANDIDATES], title="validation exact set (%), the prior alone")
+    rows = [{"held out": held, "kind": kind, "choice": cell["candidate"], "n": cell["n"],
+             "chosen": f"{100 * cell['chosen']:.1f}", "today": f"{100 * cell['today']:.1f}",
+             "difference": f"{100 * (cell['chosen'] - cell['today']):+.1f} ({100 * cell['interval'][0]:+.1f} to "
+                           f"{100 * cell['interval'][1]:+.1f})"}
+            for held, kinds in results["held_out"].items() for kind, cell in kinds.items()]
+    rows += [{"held out": "pooled", "kind": kind, "choice": "folds' own", "n": cell["n"],
+              "chosen": f"{100 * cell['chosen']:.1f}", "today": f"{100 * cell['today']:.1f}",
+              "difference": f"{100 * (cell['chosen'] - cell['today']):+.1f} ({100 * cell['interval'][0]:+.1f} to "
+                            f"{100 * cell['interval'][1]:+.1f})"} for kind, cell in results["pooled"].items()]
+    print_table(rows, title="test, held out: exact set (%), the fold's choice against today's follow-up")
+    print(f"folds: {results['folds']}; all five: {results['all five']}")
+    path = write_results("sweep_asks", settings={"blends": BLENDS, "kinds": KINDS}, results=results, out=args.out)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
