@@ -83,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "exact %": round(100 * exact["rate"], 1), "recall %": round(100 * recall["rate"], 1),
                           "exact vs default": _difference(exact)})
     print_table(table, title=f"compound requests ({args.split} halves), exact set and recall@k")
-    path = write_results("compound_baseline", settings={**vars(args), "arms": ARMS}, results=results, out=args.out)
+    path = write_results("compound_baseline", settings={**vars(args), "arms": ARMS}, results=results, out=args.out,
+                         compact=True)
     print(f"wrote {path}")
     return 0
 

@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table([{key: hostile_results.get(key, 0) for key in ("sent", "refused", "answered", "plain",
                                                                "valid_differing", "problem_count")}],
                 title=f"hostile requests (server alive and never restarted: {alive})")
-    path = write_results("fuzz_vllm", settings=vars(args), results=results, out=args.out)
+    path = write_results("fuzz_vllm", settings=vars(args), results=results, out=args.out, compact=True)
     print(f"wrote {path}")
     return 0 if alive and not hostile_results["problem_count"] else 1
 

@@ -138,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             f"{100 * cell['interval'][1]:+.1f})"} for kind, cell in results["pooled"].items()]
     print_table(rows, title="test, held out: exact set (%), the fold's choice against today's follow-up")
     print(f"folds: {results['folds']}; all five: {results['all five']}")
-    path = write_results("sweep_asks", settings={"blends": BLENDS, "kinds": KINDS}, results=results, out=args.out)
+    path = write_results("sweep_asks", settings={"blends": BLENDS, "kinds": KINDS}, results=results, out=args.out,
+                         compact=True)
     print(f"wrote {path}")
     return 0
 
