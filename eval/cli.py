@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tooltrie.eval.datasets import BUNDLED
+from tooltrie.eval.datasets import is_bundled
 
 DEFAULT_EVAL_ARMS = "engine,hf,unconstrained,xgrammar"
 
@@ -102,7 +102,7 @@ def dataset_parts(spec: str) -> list[tuple[str, str]]:
     parts = []
     for entry in (part.strip() for part in spec.split(",")):
         name, _, split = entry.partition(":")
-        parts.append((name, split or ("test" if name in BUNDLED else "all")))
+        parts.append((name, split or ("test" if is_bundled(name) else "all")))
     return parts
 
 
@@ -111,7 +111,7 @@ def dataset_registry(parts: list[tuple[str, str]]) -> Path | None:
     registries cannot be scored in one run."""
     from tooltrie.eval.datasets import DatasetError, registry_path
 
-    registries = {registry_path(name) for name, _ in parts if name in BUNDLED}
+    registries = {registry_path(name) for name, _ in parts if is_bundled(name)}
     if len(registries) > 1:
         raise DatasetError(f"--dataset: the sets are labelled over different registries "
                            f"({', '.join(sorted(path.name for path in registries))}); evaluate them one at a time")

@@ -30,7 +30,9 @@ The ``-needs`` sets hold requests that describe a situation or a goal rather tha
 (``eval/data/needs/README.md``; ``python -m tooltrie.eval.wording`` checks they avoid their tools' words). Sizes
 (test / validation): 35 / 34, 33 / 32, 32 / 32, 32 / 32, 33 / 33, in the table's order. The ``-compound`` sets hold
 requests that ask for several things at once, one tool per ask (``"kind": "compound"``, written by hand:
-``eval/data/compound/README.md``), 24 / 24 each (test / validation). ``catalog-situations`` holds need-describing
+``eval/data/compound/README.md``), 24 / 24 each (test / validation); the ``-composed`` sets (``catalog-composed``,
+``bfcl-composed``, ``tmdb-composed``, ``spotify-composed``, ``toolalpaca-composed``) join 2-4 single-tool requests
+of a split into 60 compound requests of that split (``eval/composed.py``). ``catalog-situations`` holds need-describing
 requests written separately to train on (``eval/data/situations/README.md``): all of it is its train split, less
 any text a test split holds.
 
@@ -140,9 +142,18 @@ def text_hash(text: str) -> str:
     return hashlib.sha256(normalize(text).encode("utf-8")).hexdigest()
 
 
+def is_bundled(name: str) -> bool:
+    """Whether ``name`` is a bundled set (``BUNDLED``) or a composed one (``eval/composed.py``), not a file."""
+    from tooltrie.eval.composed import is_composed
+
+    return name in BUNDLED or is_composed(name)
+
+
 def registry_path(name: str) -> Path:
     """The bundled registry whose tool names a bundled set's labels use."""
-    return _bundled(name).registry
+    from tooltrie.eval.composed import SOURCES, SUFFIX, is_composed
+
+    return _bundled(SOURCES[name.removesuffix(SUFFIX)][0] if is_composed(name) else name).registry
 
 
 def load_split(name: str, split: str) -> list[LabelledQuery]:
@@ -153,6 +164,10 @@ def load_split(name: str, split: str) -> list[LabelledQuery]:
     >>> len(load_split("metatool-single", "test")), len(load_split("metatool-multi", "test"))
     (470, 118)
     """
+    from tooltrie.eval.composed import SUFFIX, composed_split, is_composed
+
+    if is_composed(name):  # compound requests joined from the set's registry's single-tool ones (eval/composed.py)
+        return list(composed_split(name.removesuffix(SUFFIX), split))
     if name not in BUNDLED:
         if split != "all":
             raise DatasetError(f"{name}: only a bundled set ({', '.join(BUNDLED)}) has splits; "
