@@ -278,12 +278,22 @@ def _parent(pid: int) -> int:
 
 
 def served_model(*, root: Path | None = None) -> ServedModel | None:
-    """The served model as the engine recorded it for this process (:func:`record_served`), or None."""
-    import json
-
+    """The served model as the engine recorded it for this process (:func:`record_served`), or None; the record is
+    read again only when its file changes (a stat per request)."""
     path = (artifact_root() if root is None else root) / SERVED_DIR / f"{os.getpid()}.json"
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        stat = path.stat()
+    except OSError:
+        return None
+    return _read_served(str(path), stat.st_ino, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_served(path: str, inode: int, mtime_ns: int) -> ServedModel | None:
+    import json
+
+    try:
+        record = json.loads(Path(path).read_text(encoding="utf-8"))
         return ServedModel(record["fingerprint"], int(record["vocab_size"]), record["stop_id"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

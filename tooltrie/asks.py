@@ -28,6 +28,7 @@ past that the rest stays with the last ask.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 MAX_ASKS = 8  # an answer of more tools than this is rare; a longer request keeps its tail in its last ask
 
@@ -104,16 +105,16 @@ def _clean(piece: str) -> str:
     return piece.strip(" ,;:\t\n")
 
 
-def _sentences(text: str) -> list[str]:
-    return [part for part in map(_clean, _SENTENCE.split(text)) if part]
+def _cut(pattern: re.Pattern[str]) -> Callable[[str], list[str]]:
+    """A cut at ``pattern``'s matches, the pieces cleaned and the empty ones dropped."""
+    return lambda text: [part for part in map(_clean, pattern.split(text)) if part]
 
 
-def _enumeration(text: str) -> list[str]:
-    return [part for part in map(_clean, _ENUMERATION.split(text)) if part]
+_sentences, _enumeration, _ordinals = _cut(_SENTENCE), _cut(_ENUMERATION), _cut(_ORDINAL)
 
 
 def _connectives(text: str) -> list[str]:
-    return [part for part in map(_clean, _CONNECTIVE.split(_LEADING.sub("", text))) if part]
+    return _cut(_CONNECTIVE)(_LEADING.sub("", text))
 
 
 def _list_items(text: str) -> list[str]:

@@ -135,10 +135,11 @@ def outcome(xargs: dict[str, Any], root: Path) -> str:
     from types import SimpleNamespace
 
     from tooltrie.compiler import TokenizerInfo
-    from tooltrie.integrations.vllm_rows import ROOT_ENV, ServedModel, parse_request_args, record_served
+    from tooltrie.integrations.vllm_rows import ROOT_ENV, SERVED_DIR, ServedModel, parse_request_args, record_served
 
-    tokenizer = TokenizerInfo.load()
-    record_served(ServedModel(tokenizer.fingerprint, tokenizer.vocab_size, tokenizer.eos_id), root=root)
+    if not (root / SERVED_DIR / f"{os.getpid()}.json").is_file():  # recorded once, as the processor records it
+        tokenizer = TokenizerInfo.load()
+        record_served(ServedModel(tokenizer.fingerprint, tokenizer.vocab_size, tokenizer.eos_id), root=root)
     before = os.environ.get(ROOT_ENV)
     os.environ[ROOT_ENV] = str(root)
     try:
