@@ -266,6 +266,9 @@ class HybridArm(RetrievalArm):
     prior = "hybrid"
 
 
+CLAUSE_PRIOR = {"dense": 1.0, "lexical": 1.0}  # the clause-split baseline's plain sum, as its definition has it
+
+
 class ClausesArm(RetrievalArm):
     """The clause-split baseline for requests that ask several things: the request cut into its asks
     (``tooltrie.asks.split_asks``: sentences, enumerations, connectives, "and" before a verb), each ask scored by the
@@ -279,13 +282,11 @@ class ClausesArm(RetrievalArm):
         import numpy as np
 
         from tooltrie.asks import split_asks
-        from tooltrie.ranker import standardized
 
         artifact = self.setup.artifact
         asks = [split_asks(query.query) for query in queries]
         texts = [text for query, parts in zip(queries, asks, strict=True) for text in (query.query, *parts)]
-        lexical = np.array([self.ranker.lexical.scores(text) for text in texts], dtype=np.float32)
-        scores = standardized(self.ranker.similarities(texts)) + standardized(lexical)
+        scores = self.ranker.prior_scores(texts, CLAUSE_PRIOR)
         predictions, row = [], 0
         for query, parts in zip(queries, asks, strict=True):
             whole, by_ask = scores[row], scores[row + 1 : row + 1 + len(parts)]

@@ -42,7 +42,7 @@ version, the index's kind), by one read/write pattern (``tooltrie/kept.py``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -79,8 +79,6 @@ HYBRID = {"dense": 1.0, "lexical": 0.15}
 # a tool that finds an identifier a chosen tool requires (``tooltrie/chains.py``); chosen the same way on the same
 # requests (bench/sweep_follow_chains.py; docs/benchmarks.md#chains-a-request-does-not-name).
 FOLLOW = {"covered": 0.5, "lexical": 0.2, "chains": 3.0}
-# Bumped whenever ``FollowUp``'s arithmetic changes: with the lexical index's settings, what ``follow_version`` names.
-FOLLOW_REVISION = 1
 
 
 class RankerError(TooltrieError, ValueError):
@@ -207,6 +205,12 @@ class Prior:
     follow: FollowUp | None = None
 
 
+# Not a setting of the prior (nothing is chosen by it): the version of ``FollowUp``'s arithmetic, bumped by hand when
+# that code changes, so that two processes that make a request's follow-up in turn refuse to disagree
+# (``follow_version``, checked by vLLM's processor).
+FOLLOW_REVISION = 1
+
+
 def follow_version() -> str:
     """The version of how a prior follows its answer: ``FollowUp``'s revision and the lexical index's version and
     settings (BM25's parameters, field weights, stop words). Two processes that make a request's follow-up in turn
@@ -323,11 +327,16 @@ class Ranker:
         return FollowUp(first, query, self.lexical, self.registry.tools, retrieval * parts["lexical"],
                         retrieval * later, FOLLOW["covered"], Chains.of(self.registry), retrieval * FOLLOW["chains"])
 
-    def prior_scores(self, queries: list[str], prior: str | None = None) -> npt.NDArray[np.float32]:
-        """[len(queries), tools] the prior (``PRIORS``; None: the ranker's own), z-scores per query."""
+    def prior_scores(self, queries: list[str], prior: str | Mapping[str, float] | None = None
+                     ) -> npt.NDArray[np.float32]:
+        """[len(queries), tools] the prior (``PRIORS``; None: the ranker's own; or its parts as a value,
+        ``{"dense": 1.0, "lexical": 1.0}``: a sum of z-scores a study or a baseline tries), z-scores per query."""
         import numpy as np
 
-        weights = prior_parts(prior or self.prior)
+        weights = dict(prior) if isinstance(prior, Mapping) else prior_parts(prior or self.prior)
+        unknown = set(weights) - {"dense", "lexical"}
+        if unknown:
+            raise RankerError(f"prior: unknown part(s) {', '.join(sorted(unknown))}; a prior sums dense and lexical")
         shape = (len(queries), len(self.registry))
         total = np.zeros(shape, dtype=np.float32)
         if "dense" in weights:
