@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from _common import REPO_DIR, eval_once, print_table, write_results
+from _study import REGISTRIES
 
 from tooltrie.eval.compare import ArmAnswers, compare
 from tooltrie.eval.results import read_results
 
-REGISTRIES = ("catalog", "bfcl", "tmdb", "spotify", "toolalpaca")
 ARMS = ("retrieval", "lexical", "hybrid", "clauses", "engine")
 BASELINE = "engine"  # the default, what the others are compared with
 

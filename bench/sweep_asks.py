@@ -24,25 +24,16 @@ from typing import Any
 
 import numpy as np
 from _common import print_table, write_results
+from _study import KINDS, REGISTRIES, SETS, choose, paired
 
 from tooltrie.asks import split_asks
 from tooltrie.compiler import TokenizerInfo, compile_cached
 from tooltrie.eval.backends import one_per_ask
-from tooltrie.eval.compare import bootstrap_interval
 from tooltrie.eval.datasets import LabelledQuery, load_split, registry_path
 from tooltrie.eval.scoring import answer_rates
 from tooltrie.ranker import UNTRAINED, Ranker, ranker_for
 from tooltrie.registry import load_registry
 
-SETS = {  # registry: the sets of each kind over it
-    "catalog": {"plain": ("metatool-single", "metatool-multi"), "need": ("catalog-needs",),
-                "compound": ("catalog-compound",)},
-    "bfcl": {"plain": ("bfcl",), "need": ("bfcl-needs",), "compound": ("bfcl-compound",)},
-    "tmdb": {"plain": ("restbench-tmdb",), "need": ("tmdb-needs",), "compound": ("tmdb-compound",)},
-    "spotify": {"plain": ("restbench-spotify",), "need": ("spotify-needs",), "compound": ("spotify-compound",)},
-    "toolalpaca": {"plain": ("toolalpaca",), "need": ("toolalpaca-needs",), "compound": ("toolalpaca-compound",)},
-}
-KINDS = ("plain", "need", "compound")
 BLENDS = (0.0, 0.25, 0.5, 0.75)
 CANDIDATES = ("today", *(f"asks {b}" for b in BLENDS))
 
@@ -93,30 +84,25 @@ def run() -> dict[str, Any]:
         return float(np.mean([np.mean([rates[r, kind, "validation"][candidate].mean() for kind in KINDS])
                               for r in registries]))
 
-    def best(registries: Sequence[str]) -> str:
-        return max(CANDIDATES, key=lambda c: (round(criterion(c, registries), 9), -CANDIDATES.index(c)))
-
-    names = list(SETS)
-    folds = {held: best([r for r in names if r != held]) for held in names}
-    results: dict[str, Any] = {"all five": best(names), "folds": folds, "validation": {
-        c: {r: {k: round(100 * float(rates[r, k, "validation"][c].mean()), 2) for k in KINDS} for r in names}
+    chosen = choose(CANDIDATES, criterion)
+    folds = chosen["folds"]
+    results: dict[str, Any] = {**chosen, "validation": {
+        c: {r: {k: round(100 * float(rates[r, k, "validation"][c].mean()), 2) for k in KINDS} for r in REGISTRIES}
         for c in CANDIDATES}, "held_out": {}, "pooled": {}}
-    pooled: dict[str, dict[str, list[np.ndarray]]] = {k: {"chosen": [], "today": []} for k in KINDS}
-    for i, held in enumerate(names):
-        results["held_out"][held] = {}
-        for j, kind in enumerate(KINDS):
-            chosen, today = rates[held, kind, "test"][folds[held]], rates[held, kind, "test"]["today"]
-            low, high = bootstrap_interval(chosen - today, resamples=10_000, rng=np.random.default_rng([i, j]))
-            results["held_out"][held][kind] = {"candidate": folds[held], "n": len(chosen),
-                                               "chosen": float(chosen.mean()), "today": float(today.mean()),
-                                               "interval": [low, high]}
-            pooled[kind]["chosen"].append(chosen)
-            pooled[kind]["today"].append(today)
+    for i, held in enumerate(REGISTRIES):
+        results["held_out"][held] = {kind: {"candidate": folds[held], "n": len(rates[held, kind, "test"]["today"]),
+                                            **paired(rates[held, kind, "test"][folds[held]],
+                                                     rates[held, kind, "test"]["today"], (i, j))}
+                                     for j, kind in enumerate(KINDS)}
     for j, kind in enumerate(KINDS):
-        chosen, today = np.concatenate(pooled[kind]["chosen"]), np.concatenate(pooled[kind]["today"])
-        low, high = bootstrap_interval(chosen - today, resamples=10_000, rng=np.random.default_rng([9, j]))
-        results["pooled"][kind] = {"n": len(chosen), "chosen": float(chosen.mean()), "today": float(today.mean()),
-                                   "interval": [low, high]}
+        ours = np.concatenate([rates[r, kind, "test"][folds[r]] for r in REGISTRIES])
+        today = np.concatenate([rates[r, kind, "test"]["today"] for r in REGISTRIES])
+        results["pooled"][kind] = {"n": len(ours), "chosen": float(ours.mean()), "today": float(today.mean()),
+                                   **paired(ours, today, (9, j))}
+    for held in REGISTRIES:
+        for kind, cell in results["held_out"][held].items():
+            cell["chosen"] = float(rates[held, kind, "test"][folds[held]].mean())
+            cell["today"] = float(rates[held, kind, "test"]["today"].mean())
     return results
 
 
@@ -125,17 +111,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     results = run()
-    print_table([{"candidate": c, **{f"{r} {k}": results["validation"][c][r][k] for r in SETS for k in KINDS}}
+    print_table([{"candidate": c, **{f"{r} {k}": results["validation"][c][r][k] for r in REGISTRIES for k in KINDS}}
                  for c in CANDIDATES], title="validation exact set (%), the prior alone")
-    rows = [{"held out": held, "kind": kind, "choice": cell["candidate"], "n": cell["n"],
-             "chosen": f"{100 * cell['chosen']:.1f}", "today": f"{100 * cell['today']:.1f}",
-             "difference": f"{100 * (cell['chosen'] - cell['today']):+.1f} ({100 * cell['interval'][0]:+.1f} to "
-                           f"{100 * cell['interval'][1]:+.1f})"}
-            for held, kinds in results["held_out"].items() for kind, cell in kinds.items()]
-    rows += [{"held out": "pooled", "kind": kind, "choice": "folds' own", "n": cell["n"],
-              "chosen": f"{100 * cell['chosen']:.1f}", "today": f"{100 * cell['today']:.1f}",
-              "difference": f"{100 * (cell['chosen'] - cell['today']):+.1f} ({100 * cell['interval'][0]:+.1f} to "
-                            f"{100 * cell['interval'][1]:+.1f})"} for kind, cell in results["pooled"].items()]
+    def row(held: str, kind: str, choice: str, cell: dict[str, Any]) -> dict[str, Any]:
+        return {"held out": held, "kind": kind, "choice": choice, "n": cell["n"],
+                "chosen": f"{100 * cell['chosen']:.1f}", "today": f"{100 * cell['today']:.1f}",
+                "difference": f"{100 * cell['difference']:+.1f} ({100 * cell['low']:+.1f} to "
+                              f"{100 * cell['high']:+.1f})"}
+
+    rows = [row(held, kind, cell["candidate"], cell) for held, kinds in results["held_out"].items()
+            for kind, cell in kinds.items()]
+    rows += [row("pooled", kind, "folds' own", cell) for kind, cell in results["pooled"].items()]
     print_table(rows, title="test, held out: exact set (%), the fold's choice against today's follow-up")
     print(f"folds: {results['folds']}; all five: {results['all five']}")
     path = write_results("sweep_asks", settings={"blends": BLENDS, "kinds": KINDS}, results=results, out=args.out,

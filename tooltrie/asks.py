@@ -125,10 +125,6 @@ def _list_items(text: str) -> list[str]:
     return [part for part in map(_clean, parts) if part]
 
 
-def _ordinals(text: str) -> list[str]:
-    return [part for part in map(_clean, _ORDINAL.split(text)) if part]
-
-
 def _verb_phrases(text: str) -> list[str]:
     """Cut at "and" or a comma followed by a request's first word (:func:`asks`), never inside a noun phrase."""
     parts, start = [], 0
