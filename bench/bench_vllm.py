@@ -109,7 +109,7 @@ class Bench:
         key = (registry, query.query)
         if key not in self.priors:
             started = time.perf_counter()
-            self.priors[key] = self.rankers[registry].row(query.query, "fused")
+            self.priors[key] = self.rankers[registry].row(query.query, "fused", k=query.k)
             self.prior_ms.setdefault(registry, []).append((time.perf_counter() - started) * 1e3)
         return self.priors[key]
 

@@ -33,7 +33,7 @@ SIMULATOR=${NUMBA_ENABLE_CUDASIM:-0}
 GPU_TESTS=(tests/test_cuda_kernel.py tests/test_cuda_ptx.py tests/test_kernels_batch_state.py
            tests/test_kernels_fused_logits.py tests/test_kernels_ranker.py tests/test_kernels_stats.py
            tests/test_serve_engine_kernels.py
-           tests/test_serve_decoder.py tests/test_prior_follow.py)
+           tests/test_serve_decoder.py tests/test_prior_follow.py tests/test_prior_asks.py)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 LOG="$OUT/gpu_check.log"

@@ -249,10 +249,7 @@ class RetrievalArm(Arm):
         scores = self.ranker.prior_scores([query.query for query in queries], self.prior)
         predictions = []
         for query, row in zip(queries, scores, strict=True):
-            names = [artifact.registry.names[i] for i in np.argsort(-row, kind="stable")[: query.k]]
-            predictions.append(Prediction(text=artifact.contract.render(names),
-                                          token_ids=[*artifact.token_path(names), artifact.eos_id],
-                                          finish_reason="stop"))
+            predictions.append(_answered(artifact, [int(i) for i in np.argsort(-row, kind="stable")[: query.k]]))
         return predictions
 
 
@@ -293,11 +290,37 @@ class ClausesArm(RetrievalArm):
             row += 1 + len(parts)
             chosen = one_per_ask(by_ask, query.k)
             rest = [int(i) for i in np.argsort(-whole, kind="stable") if int(i) not in chosen]
-            names = [artifact.registry.names[i] for i in [*chosen, *rest][: query.k]]
-            predictions.append(Prediction(text=artifact.contract.render(names),
-                                          token_ids=[*artifact.token_path(names), artifact.eos_id],
-                                          finish_reason="stop"))
+            predictions.append(_answered(artifact, [*chosen, *rest][: query.k]))
         return predictions
+
+
+class PriorArm(RetrievalArm):
+    """The ranker's own prior alone (``options["retrieval"]``, its kind and settings), following the answer as the
+    decode does (``Prior.follow``: one tool per ask of a request that asks several things, then the request's
+    follow-up): what ``--ranker retrieval`` answers, without running the model (ties here to the lower tool id,
+    there to the lower token id)."""
+
+    name = "prior"
+
+    def predict(self, queries: Sequence[LabelledQuery]) -> list[Prediction]:
+        import numpy as np
+
+        predictions = []
+        for query in queries:
+            made = self.ranker.row(query.query, "retrieval", k=query.k)
+            if made.scores is None:
+                raise ValueError("the prior arm needs a ranker with a prior")
+            chosen = made.follow.top(query.k) if made.follow is not None else [
+                int(i) for i in np.argsort(-made.scores, kind="stable")[: query.k]]
+            predictions.append(_answered(self.setup.artifact, chosen))
+        return predictions
+
+
+def _answered(artifact: Any, tools: Sequence[int]) -> Prediction:
+    """The prediction that names ``tools`` (tool ids), in order, as the decode would write them."""
+    names = [artifact.registry.names[i] for i in tools]
+    return Prediction(text=artifact.contract.render(names), token_ids=[*artifact.token_path(names), artifact.eos_id],
+                      finish_reason="stop")
 
 
 def one_per_ask(scores: Any, k: int) -> list[int]:
@@ -331,9 +354,10 @@ ARMS: dict[str, Callable[[EvalSetup], Arm]] = {
     "lexical": LexicalArm,
     "hybrid": HybridArm,
     "clauses": ClausesArm,
+    "prior": PriorArm,
 }
 # The arms that rank by a retrieval prior alone (no language model).
-PRIOR_ARMS = ("retrieval", "lexical", "hybrid", "clauses")
+PRIOR_ARMS = ("retrieval", "lexical", "hybrid", "clauses", "prior")
 
 
 def make_arm(name: str, setup: EvalSetup) -> Arm:

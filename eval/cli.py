@@ -23,7 +23,8 @@ def add_commands(commands: Any) -> None:
                          "several joined by commas (one registry)")
     ev.add_argument("--arms", default=DEFAULT_EVAL_ARMS,
                     help=f"comma-separated: engine, fused, hf, unconstrained, xgrammar, retrieval (dense), lexical, "
-                         f"hybrid, clauses (one tool per ask of the request), vllm, vllm-xgrammar, vllm-unconstrained "
+                         f"hybrid, clauses (one tool per ask of the request), prior (what --ranker retrieval "
+                         f"answers, without the model), vllm, vllm-xgrammar, vllm-unconstrained "
                          f"(default: {DEFAULT_EVAL_ARMS})")
     ev.add_argument("--registry", type=Path, default=None,
                     help="registry file or compiled artifact (default: the dataset's)")
@@ -48,6 +49,9 @@ def add_commands(commands: Any) -> None:
     ev.add_argument("--no-follow", dest="follow", action="store_false",
                     help="the prior of every tool is the first tool's: it does not follow the answer (to measure "
                          "what following it adds; ranker.FollowUp)")
+    ev.add_argument("--no-asks", dest="asks", action="store_false",
+                    help="a request that asks several things is ranked as one ask: no tool per ask first (to measure "
+                         "what the asks add; ranker.PerAsk)")
     ev.add_argument("--no-plots", dest="plots", action="store_false")
     ev.add_argument("-o", "--output", type=Path, required=True,
                     help="directory for results.json, answers.jsonl, report.md, PNGs")
@@ -161,18 +165,18 @@ def _eval(args: argparse.Namespace) -> int:
                              retrieval=not needs_encoder(args.prior) or locate_minilm() is not None)
     ranked = "fused" in arms or ("engine" in arms and ranker != "model") or any(a in PRIOR_ARMS for a in arms)
     weights = args.fused_weights or fused_weights(info.adapter, artifact)
+    retrieval = ranker_for(artifact, args.artifact or args.registry, weights, prior=args.prior, follow=args.follow,
+                           asks=args.asks) if ranked else None
     setup = EvalSetup(model=model, tokenizer=tokenizer, artifact=artifact, prompt=Prompt.style(style),
                       batch_size=args.batch, max_new_tokens=args.max_new_tokens, model_path=info.path,
                       artifact_path=args.artifact,
-                      options={"ranker": ranker, "vllm": vllm_options(args.vllm),
-                               "retrieval": ranker_for(artifact, args.artifact or args.registry, weights,
-                                                       prior=args.prior, follow=args.follow) if ranked else None})
+                      options={"ranker": ranker, "vllm": vllm_options(args.vllm), "retrieval": retrieval})
     meta = {"dataset": ",".join(name for name, _ in parts), "split": ",".join(split for _, split in parts),
             "model": info.name, "model_fingerprint": info.fingerprint, "dtype": str(info.dtype).removeprefix("torch."),
             "prompt_style": style, "limit": args.limit,
             "adapter": None if info.adapter is None else str(info.adapter.path),
             "sample": args.sample, "ranker": ranker, "ranker_asked": args.ranker, "prior": args.prior,
-            "fused_weights": weights.as_dict(), "follow": args.follow}
+            "fused_weights": weights.as_dict(), "follow": args.follow, "asks": args.asks}
     results = evaluate(queries, arms, setup, meta=meta)
     paths = write_results(results, args.output, plots=args.plots)
     for arm, data in results["arms"].items():

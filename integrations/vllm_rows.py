@@ -35,7 +35,7 @@ from tooltrie.errors import ArtifactError
 if TYPE_CHECKING:
     from tooltrie.kernels.batch import TrieBatch
     from tooltrie.lexical import LexicalIndex
-    from tooltrie.ranker import FollowUp
+    from tooltrie.ranker import FollowUp, PerAsk
 
 EXTRA_ARGS_KEY = "tooltrie"
 # The flat form, for callers that cannot nest: vLLM's OpenAI server passes ``vllm_xargs`` (str, int, float or lists of
@@ -50,6 +50,9 @@ FLAT_WEIGHT_KEY = "tooltrie_model_weight"  # the model's weight beside it (``Pri
 # the prior sent, the lexical index and the chains of the artifact's registry.
 FLAT_QUERY_KEY = "tooltrie_query"
 FLAT_FOLLOW_KEY = "tooltrie_follow"
+# A request that asks several things (``Prior.follow`` a ``tooltrie.ranker.PerAsk``): each ask's prior, in the prior's
+# form; ``tooltrie_prior`` is then the whole request's, which the answer follows once every ask has its tool.
+FLAT_ASKS_KEY = "tooltrie_asks"
 # The version of the follow-up's arithmetic and lexical settings the sender made the prior with
 # (``tooltrie.ranker.follow_version``): the processor subtracts its own lexical z-scores from the prior it was sent, so
 # both sides must score alike; a request made under other settings is refused, never silently followed differently.
@@ -59,7 +62,7 @@ FLAT_FOLLOW_VERSION_KEY = "tooltrie_follow_version"
 FLAT_SHA256_KEY = "tooltrie_sha256"
 FLAT_KEYS = {FLAT_ARTIFACT_KEY: "artifact", FLAT_K_KEY: "k", FLAT_TOOLS_KEY: "tools", FLAT_PRIOR_KEY: "prior",
              FLAT_WEIGHT_KEY: "model_weight", FLAT_QUERY_KEY: "query", FLAT_FOLLOW_KEY: "follow",
-             FLAT_FOLLOW_VERSION_KEY: "follow_version", FLAT_SHA256_KEY: "sha256"}
+             FLAT_FOLLOW_VERSION_KEY: "follow_version", FLAT_ASKS_KEY: "asks", FLAT_SHA256_KEY: "sha256"}
 FLAT_PREFIX = "tooltrie_"  # any other key with it is a typo, refused rather than silently unconstrained
 
 # The one directory vLLM's processor reads artifacts from, set where vLLM starts; a request names a file in it.
@@ -88,6 +91,10 @@ class RowLimits:
     """Characters of the request's text (``query``), which the follow-up scores at each tool: the endpoint's own
     bound (``ServeLimits.max_query_chars``)."""
 
+    max_asks: int = 8
+    """Asks of one request, each a prior of the registry's size (``asks``): ``tooltrie.asks.MAX_ASKS``, the most the
+    splitter makes."""
+
     max_magnitude: float = 1e6
     """The largest magnitude of a prior value, the model's weight and the follow-up's numbers: a fused value is a
     weighted logit plus a prior, and the follow-up sums a few weighted z-scores (each under 100 in magnitude), so
@@ -111,6 +118,7 @@ class RequestArgs:
     model_weight: float = 1.0  # the model's weight beside the prior
     query: str | None = None  # the request's text, which the prior that follows the answer reads; None: no follow-up
     follow: Follow | None = None  # how the prior follows the answer; None: it does not
+    asks: tuple[tuple[float, ...], ...] | None = None  # each ask's prior (weighted); None: the request asks one thing
     sha256: str | None = None  # the artifact's sha256 as validated: the step adds that file or fails the row
 
 
@@ -126,13 +134,16 @@ def artifact_root() -> Path:
 
 def request_args(artifact: str | os.PathLike[str], k: int, *, tools: Collection[int] | None = None,
                  prior: Sequence[float] | npt.ArrayLike | None = None, model_weight: float = 1.0,
-                 follow: FollowUp | None = None, sha256: str | None = None, flat: bool = False) -> dict[str, Any]:
+                 follow: FollowUp | PerAsk | None = None, sha256: str | None = None,
+                 flat: bool = False) -> dict[str, Any]:
     """``SamplingParams.extra_args`` that ask for an answer of exactly ``k`` tools (of ``tools``, tool ids, if
     given) under an artifact, ranked by the fused ranker when ``prior`` (a float per tool, already weighted) is
     given, beside the model's scores weighted by ``model_weight``; with ``follow`` too (``Prior.follow``, a
     ``tooltrie.ranker.FollowUp`` of that prior), the prior follows the answer as in process: its request's text and
     its four numbers travel (``query``, ``follow``), with the version of the follow-up's settings
-    (``follow_version``: the processor refuses another). ``sha256``: the artifact's (``Artifact.sha256``), which
+    (``follow_version``: the processor refuses another); a ``PerAsk`` follow (a request that asks several things)
+    sends each ask's prior (``asks``) and, as ``prior``, the whole request's (``PerAsk.whole``), from which the
+    processor makes the same prior of each tool. ``sha256``: the artifact's (``Artifact.sha256``), which
     pins the file: a request for a name that now holds another artifact is refused. ``flat``: as top-level keys,
     the form vLLM's OpenAI server can carry in a request's ``vllm_xargs``. ``artifact`` is a name in the
     processor's root (a string without a separator), or a file (a path), which is then copied there under its
@@ -155,17 +166,20 @@ def request_args(artifact: str | os.PathLike[str], k: int, *, tools: Collection[
     args: dict[str, Any] = {"artifact": name, "k": int(k)}
     if tools is not None:
         args["tools"] = sorted(int(tool) for tool in tools)
+    if follow is not None and prior is None:
+        raise ValueError("request_args: 'follow' without 'prior' (the prior that follows the answer starts from "
+                         "the request's prior)")
     if prior is not None:
         args["prior"], args["model_weight"] = encode_prior(prior), float(model_weight)
+    from tooltrie.ranker import PerAsk, follow_version
+
+    if isinstance(follow, PerAsk):
+        args["prior"], args["asks"] = encode_prior(follow.whole), [encode_prior(ask) for ask in follow.asks]
+        follow = follow.then
     if follow is not None:
-        if prior is None:
-            raise ValueError("request_args: 'follow' without 'prior' (the prior that follows the answer starts from "
-                             "the request's prior, follow.first)")
         args["query"] = str(follow.query)
         args["follow"] = [float(follow.lexical_weight), float(follow.later_weight), float(follow.covered),
                           float(follow.chain_weight)]
-        from tooltrie.ranker import follow_version
-
         args["follow_version"] = follow_version()
     if sha256 is not None:
         args["sha256"] = str(sha256)
@@ -326,7 +340,8 @@ def parse_request_args(params: Any, *, limits: RowLimits = LIMITS) -> RequestArg
         where, args = f"extra_args[{EXTRA_ARGS_KEY!r}]", extra[EXTRA_ARGS_KEY]
         form = ("{'artifact': name, 'k': int, 'tools': [int, ...] (optional), 'prior': [float, ...] and "
                 "'model_weight': float (optional), 'query': str, 'follow': [float, float, float, float] and "
-                "'follow_version': str (optional, with 'prior'), 'sha256': str (optional)}")
+                "'follow_version': str (optional, with 'prior'), 'asks': [prior, ...] (optional, with 'prior'), "
+                "'sha256': str (optional)}")
         if not isinstance(args, dict) or set(args) - set(FLAT_KEYS.values()):
             raise ValueError(f"{where} must be {form}, got {_shown(args)}")
     elif flat_keys:
@@ -337,7 +352,8 @@ def parse_request_args(params: Any, *, limits: RowLimits = LIMITS) -> RequestArg
         form = (f"{{{FLAT_ARTIFACT_KEY!r}: name, {FLAT_K_KEY!r}: int, {FLAT_TOOLS_KEY!r}: [int, ...] (optional), "
                 f"{FLAT_PRIOR_KEY!r}: [float, ...] and {FLAT_WEIGHT_KEY!r}: float (optional), {FLAT_QUERY_KEY!r}: str, "
                 f"{FLAT_FOLLOW_KEY!r}: [float, float, float, float] and {FLAT_FOLLOW_VERSION_KEY!r}: str (optional, "
-                f"with {FLAT_PRIOR_KEY!r}), {FLAT_SHA256_KEY!r}: str (optional)}}")
+                f"with {FLAT_PRIOR_KEY!r}), {FLAT_ASKS_KEY!r}: [prior, ...] (optional, with {FLAT_PRIOR_KEY!r}), "
+                f"{FLAT_SHA256_KEY!r}: str (optional)}}")
         args = {FLAT_KEYS[key]: extra[key] for key in flat_keys}
     else:
         return None
@@ -366,11 +382,12 @@ def parse_request_args(params: Any, *, limits: RowLimits = LIMITS) -> RequestArg
         check_subset(loaded, subset, k, where=f"{where}: tools")
     prior, model_weight = _ranker_args(args, n_tools, where, limits)
     query, follow = _follow_args(args, where, limits)
+    asks = _asks_args(args, n_tools, where, limits)
     if follow is not None:
         ARTIFACTS.lexical(artifact, loaded)  # made (or read) now, not in the engine step
     budgeted = getattr(params, "thinking_token_budget", None) is not None
     return RequestArgs(artifact=artifact, k=k, thinking_budget=budgeted, tools=subset, prior=prior,
-                       model_weight=model_weight, query=query, follow=follow, sha256=loaded.sha256)
+                       model_weight=model_weight, query=query, follow=follow, asks=asks, sha256=loaded.sha256)
 
 
 def validate_request(params: Any) -> None:
@@ -402,15 +419,38 @@ def _ranker_args(args: dict[str, Any], n_tools: int, where: str,
         if "model_weight" in args:
             raise ValueError(f"{where}: 'model_weight' without 'prior' (the weight is the model's beside a prior)")
         return None, 1.0
-    values = _prior_values(prior, n_tools)
-    if values is None or values.shape != (n_tools,) or not (np.abs(values) <= limits.max_magnitude).all():
-        raise ValueError(f"{where}: 'prior' must be {n_tools} finite numbers of magnitude at most "
-                         f"{limits.max_magnitude:g} (one per tool of the registry; a list, or {PRIOR_PREFIX!r} and the "
-                         f"base64 of their little-endian float32), got {_shown(prior)}")
+    values = _checked_prior(prior, n_tools, f"{where}: 'prior'", limits)
     if not _number(weight, limits):
         raise ValueError(f"{where}: 'model_weight' must be a finite number of magnitude at most "
                          f"{limits.max_magnitude:g}, got {_shown(weight)}")
     return tuple(values.tolist()), float(weight)
+
+
+def _checked_prior(prior: Any, n_tools: int, where: str, limits: RowLimits) -> npt.NDArray[np.float64]:
+    """One prior's values: a number of magnitude at most ``max_magnitude`` per tool of the registry."""
+    values = _prior_values(prior, n_tools)
+    if values is None or values.shape != (n_tools,) or not (np.abs(values) <= limits.max_magnitude).all():
+        raise ValueError(f"{where} must be {n_tools} finite numbers of magnitude at most {limits.max_magnitude:g} "
+                         f"(one per tool of the registry; a list, or {PRIOR_PREFIX!r} and the base64 of their "
+                         f"little-endian float32), got {_shown(prior)}")
+    return values
+
+
+def _asks_args(args: dict[str, Any], n_tools: int, where: str,
+               limits: RowLimits) -> tuple[tuple[float, ...], ...] | None:
+    """Each ask's prior (``asks``: 2 to ``max_asks`` of them, each in the prior's form), or None; with a prior, the
+    whole request's (checked first, by ``_ranker_args``)."""
+    asks = args.get("asks")
+    if asks is None:
+        return None
+    if args.get("prior") is None:
+        raise ValueError(f"{where}: 'asks' without 'prior' (the whole request's prior, which the answer follows once "
+                         "every ask has its tool)")
+    if not isinstance(asks, list) or not 2 <= len(asks) <= limits.max_asks:
+        raise ValueError(f"{where}: 'asks' must be a list of 2 to {limits.max_asks} priors (one per ask of the "
+                         f"request), got {_shown(asks)}")
+    return tuple(tuple(_checked_prior(ask, n_tools, f"{where}: 'asks'[{i}]", limits).tolist())
+                 for i, ask in enumerate(asks))
 
 
 def _follow_args(args: dict[str, Any], where: str, limits: RowLimits) -> tuple[str | None, Follow | None]:
@@ -449,20 +489,31 @@ def _follow_args(args: dict[str, Any], where: str, limits: RowLimits) -> tuple[s
     return query, (lexical_weight, later_weight, covered, chain_weight)
 
 
-def follow_up(args: RequestArgs, artifact: Artifact) -> FollowUp | None:
-    """The request's prior that follows its answer (``tooltrie.ranker.FollowUp``), made as in process from what the
-    request sent (the prior, float32 as sent, its text and four numbers), the lexical index of ``artifact``'s
-    registry (:meth:`ArtifactNames.lexical`, built as ``Ranker.lexical`` builds it) and its chains
-    (``Chains.of``, as the ranker's); None when it sent none."""
-    if args.follow is None or args.prior is None or args.query is None:
-        return None
-    from tooltrie.chains import Chains
-    from tooltrie.ranker import FollowUp
+def follow_up(args: RequestArgs, artifact: Artifact) -> FollowUp | PerAsk | None:
+    """The request's prior that follows its answer, made as in process from what the request sent: its asks'
+    priors (``tooltrie.ranker.PerAsk``), then the whole request's (``FollowUp``: the prior, float32 as sent, its text
+    and four numbers, the lexical index of ``artifact``'s registry (:meth:`ArtifactNames.lexical`, built as
+    ``Ranker.lexical`` builds it) and its chains (``Chains.of``, as the ranker's)); None when it sent none."""
+    from tooltrie.ranker import FollowUp, PerAsk
 
-    lexical_weight, later_weight, covered, chain_weight = args.follow
-    index = ARTIFACTS.lexical(args.artifact, artifact)
-    return FollowUp(np.asarray(args.prior, dtype=np.float32), args.query, index, artifact.registry.tools,
-                    lexical_weight, later_weight, covered, Chains.of(artifact.registry), chain_weight)
+    then = None
+    if args.follow is not None and args.prior is not None and args.query is not None:
+        from tooltrie.chains import Chains
+
+        lexical_weight, later_weight, covered, chain_weight = args.follow
+        index = ARTIFACTS.lexical(args.artifact, artifact)
+        then = FollowUp(np.asarray(args.prior, dtype=np.float32), args.query, index, artifact.registry.tools,
+                        lexical_weight, later_weight, covered, Chains.of(artifact.registry), chain_weight)
+    if args.asks is None or args.prior is None:
+        return then
+    return PerAsk(np.asarray(args.asks, dtype=np.float32), np.asarray(args.prior, dtype=np.float32), then)
+
+
+def ranked(args: RequestArgs, artifact: Artifact) -> tuple[npt.ArrayLike | None, FollowUp | PerAsk | None]:
+    """The prior a request's row starts from and how it follows the answer (``TrieBatch.add(prior=, follow=)``):
+    a request of several asks starts from its asks' (``PerAsk``), others from the prior they sent."""
+    follow = follow_up(args, artifact)
+    return (args.prior if follow is None else follow(())), follow
 
 
 PRIOR_PREFIX = "f32:"  # a prior as text: this, then the base64 of its little-endian float32 values
@@ -739,8 +790,8 @@ class ArtifactRows:
             batch = self.batches[name] = TrieBatch(artifact, backend=self.backend, capacity=max(16, row + 1))
             self.owners[name] = np.full(len(self.fed) + 1, -1, dtype=np.int32)
             self.idle[name] = None  # until its first row is set (below), as any state without rows
-        batch.add(row, args.k, subset=args.tools, prior=args.prior, model_weight=args.model_weight,
-                  follow=follow_up(args, batch.artifact))
+        prior, follow = ranked(args, batch.artifact)
+        batch.add(row, args.k, subset=args.tools, prior=prior, model_weight=args.model_weight, follow=follow)
         self._set(row, args, 0, self.next_serial)
         self.next_serial += 1
 

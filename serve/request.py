@@ -167,7 +167,7 @@ def request_prior(request: Request, ranker: Ranker | None, artifact: Artifact) -
         return None
     prior, weights = request.prior, ranker.weights(request.ranked_by)
     if prior is None or prior.registry_sha256 != artifact.registry.sha256 or prior.weights != weights:
-        prior = ranker.row(request.query, request.ranked_by, prior=request.prior_kind)
+        prior = ranker.row(request.query, request.ranked_by, k=request.k, prior=request.prior_kind)
     return prior
 
 

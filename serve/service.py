@@ -458,30 +458,36 @@ class DiscoveryService:
         prior: Prior | None = None
         if n is not None or ranker != "model":  # blocking (an embedding): in a thread, never in the worker's step
             tools, prior = await asyncio.to_thread(self._retrieve, served, self._rankers.get(served.name), query,
-                                                   ranker, kind, n, tools)
+                                                   k, ranker, kind, n, tools)
         if tools is not None and request.tenant is None and len(tools) == served.n_tools:
             tools = None  # open server, nothing narrowed: no subset for the engine to apply
         request.registry, request.ranker, request.prior_kind = served.name, ranker, kind
         request.tools, request.tools_of, request.prior = tools, registry, prior
         return served
 
-    def _retrieve(self, served: ServedRegistry, retriever: Ranker | None, query: str, ranker: str, kind: str,
-                  n: int | None, within: frozenset[int] | None) -> tuple[frozenset[int] | None, Prior | None]:
-        """Retrieval's part of admission: (the ``n`` tools of ``within`` (None: every tool) a pre-filter keeps, or
-        ``within`` itself without one; the request's prior of ``kind``, None when it ranks by the model alone).
-        ``retriever``, the registry's ranker, makes the query's prior scores once, whatever the request ranks by:
-        the pre-filter keeps the top N by the scores the prior is made of."""
+    def _retrieve(self, served: ServedRegistry, retriever: Ranker | None, query: str, k: int, ranker: str,
+                  kind: str, n: int | None, within: frozenset[int] | None
+                  ) -> tuple[frozenset[int] | None, Prior | None]:
+        """Retrieval's part of admission, for an answer of ``k`` tools: (the ``n`` tools of ``within`` (None: every
+        tool) a pre-filter keeps, or ``within`` itself without one; the request's prior of ``kind``, None when it
+        ranks by the model alone). ``retriever``, the registry's ranker, makes the query's prior scores once, whatever
+        the request ranks by: the pre-filter keeps the top N by the scores the prior is made of (for a request that
+        asks several things, each tool's best over the request and its asks: ``Ranker.reach``)."""
         if retriever is None:
             raise UnavailableError(f"registry {served.name!r} has no retrieval ranker")
-        kept, scores = within, None
-        if n is not None or retriever.weights(ranker).retrieval:
-            try:
+        scores, prior, reach = None, None, None
+        try:
+            if n is not None or retriever.weights(ranker).retrieval:
                 scores = retriever.prior_scores([query], kind)[0]
-            except Exception as exc:  # the encoder or the lexical index failed: the service's fault, not the request's
-                raise UnavailableError(f"the retrieval prior failed: {type(exc).__name__}: {exc}") from exc
-            if n is not None:
-                kept = self.prefilter.top(served.artifact.registry, n, scores=scores, within=within)
-        return kept, None if ranker == "model" else retriever.row(query, ranker, prior=kind, scores=scores)
+            if ranker != "model":
+                prior = retriever.row(query, ranker, k=k, prior=kind, scores=scores)
+            if n is not None and scores is not None:
+                reach = retriever.reach(query, scores, kind, k=k)
+        except Exception as exc:  # the encoder or the lexical index failed: the service's fault, not the request's
+            raise UnavailableError(f"the retrieval prior failed: {type(exc).__name__}: {exc}") from exc
+        if n is None or reach is None:
+            return within, prior
+        return self.prefilter.top(served.artifact.registry, n, scores=reach, within=within), prior
 
     def _check_answer(self, request: Request, answer: Answer) -> None:
         """The mask already kept the answer inside the allowed tools; this checks it again under the registry

@@ -1,6 +1,7 @@
 """The clause-split baseline arm (``eval/backends.ClausesArm``): the request cut into its asks, each ask ranked by
 the 1:1 sum of dense and lexical z-scores, one tool per ask; checked against the same sums made here by hand, and the
-assignment (``one_per_ask``) against its definition."""
+assignment (``one_per_ask``) against its definition. The prior arm (``PriorArm``) against the decode it stands for:
+the engine's answers ranked by the same prior alone."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from hypothesis.extra.numpy import arrays
 from support.encoders import MadeUpEncoder
 
 from tooltrie.compiler import Artifact, TokenizerInfo
-from tooltrie.eval.backends import ClausesArm, EvalSetup, one_per_ask
+from tooltrie.eval.backends import ClausesArm, EvalSetup, PriorArm, one_per_ask
 from tooltrie.eval.datasets import LabelledQuery, load_split
 from tooltrie.ranker import Ranker, standardized
 from tooltrie.serve.prompt import Prompt
@@ -67,3 +68,23 @@ def test_one_per_ask_takes_the_best_free_pair_each_time(scores: np.ndarray, k: i
         assert int(tool) in left
         left.discard(int(tool))
         free[ask, :], free[:, tool] = -np.inf, -np.inf
+
+
+def test_the_prior_arm_answers_as_the_decode_ranked_by_the_prior_alone(catalog_artifact: Artifact,
+                                                                     smollm: TokenizerInfo) -> None:
+    """``PriorArm`` is what ``--ranker retrieval`` answers: on requests of one ask and of several, its tools are the
+    decode's with the model's weight at 0 (the reference backend fed zero logits), in order."""
+    from tooltrie.kernels import TrieBatch
+
+    ranker = Ranker(catalog_artifact.registry, encoder=MadeUpEncoder())  # no two priors tie
+    setup = EvalSetup(model=None, tokenizer=smollm, artifact=catalog_artifact, prompt=Prompt.style("short"),
+                      options={"retrieval": ranker})
+    queries = [*load_split("catalog-compound", "validation")[:6], *load_split("metatool-single", "validation")[:4]]
+    names = catalog_artifact.registry.names
+    for query, prediction in zip(queries, PriorArm(setup).predict(queries), strict=True):
+        made = ranker.row(query.query, "retrieval", k=query.k)
+        batch = TrieBatch(catalog_artifact, capacity=1, backend="reference")
+        batch.add(0, query.k, prior=made.scores, model_weight=0.0, follow=made.follow)
+        while batch.is_running(0):
+            batch.choose(np.zeros((1, catalog_artifact.max_token_id + 1), np.float32))
+        assert catalog_artifact.contract.parse(prediction.text) == [names[t] for t in batch.tools(0)], query.query

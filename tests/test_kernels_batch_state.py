@@ -40,6 +40,7 @@ from tooltrie.kernels.reference import ReferenceBackend
 from tooltrie.kernels.rules import Slot, Status, advance, committed, fail, legal_moves
 from tooltrie.kernels.state import DONE, ERROR, RUNNING
 from tooltrie.kernels.walk import mask_rows
+from tooltrie.ranker import PerAsk
 from tooltrie.registry import make_registry
 
 POOL = ["get", "get_user", "get_user_id", "set", "setup", "a", "ab", "abc", "météo", "search", "search_web", "x"]
@@ -144,9 +145,10 @@ class BatchMachine(RuleBasedStateMachine):
 
     @rule(row=st.integers(0, ROWS - 1), k=st.integers(1, 3),
           kind=st.sampled_from(["trie", "trie", "thinking", "plain"]), subset_seed=st.none() | st.integers(0, 1000),
-          ranker=st.none() | st.tuples(st.sampled_from([0.0, 0.5, 1.0]), st.integers(0, 1000), st.booleans()))
+          ranker=st.none() | st.tuples(st.sampled_from([0.0, 0.5, 1.0]), st.integers(0, 1000),
+                                       st.sampled_from(["static", "follows", "asks"])))
     def add(self, row: int, k: int, kind: str, subset_seed: int | None,
-            ranker: tuple[float, int, bool] | None) -> None:
+            ranker: tuple[float, int, str] | None) -> None:
         n_tools = self.artifact.trie.n_tools
         subset = None
         if subset_seed is not None and kind != "plain":
@@ -157,9 +159,13 @@ class BatchMachine(RuleBasedStateMachine):
         if ranker is not None:  # priors in quarters: ties between tools happen
             rng = np.random.default_rng(ranker[1])
             weight, prior = ranker[0], rng.integers(-4, 5, n_tools) / 4
-            if ranker[2]:  # each committed tool moves every tool's prior by its row of quarters
+            if ranker[2] != "static":  # each committed tool moves every tool's prior by its row of quarters
                 moves = rng.integers(-4, 5, (n_tools, n_tools)) / 4
                 follow = lambda tools, prior=prior, moves=moves: prior + moves[list(tools)].sum(axis=0)  # noqa: E731
+            if ranker[2] == "asks":  # a request of 2 or 3 asks: one tool per ask, then the request's follow-up
+                asks = (rng.integers(-4, 5, (int(rng.integers(2, 4)), n_tools)) / 4).astype(np.float32)
+                follow = PerAsk(asks, prior.astype(np.float32), follow)
+                prior = follow(())
         for batch in self.batches.values():
             batch.add(row, k, constrained=constrained, thinking=kind == "thinking", subset=subset, prior=prior,
                       model_weight=weight, follow=follow if constrained else None)

@@ -6,7 +6,8 @@
 - the decode ranked by a following prior alone (the model's weight 0) answers, on every backend, its greedy top k
   (``FollowUp.top``): each tool the best by the prior made from the tools before it; and that answer is not always
   the static top k, nor (on a registry with chains, ``tooltrie/chains.py``) the answer without chains;
-- the first tool's prior is the request's own; bad input (a request of stop words, one-word names, no
+- the first tool's prior is the request's own (a request that asks several things is one ask here: its asks are
+  ``tests/test_prior_asks.py``'s); bad input (a request of stop words, one-word names, no
   descriptions, k beyond what the request names) gives finite priors and k distinct tools; a follow-up that fails
   fails its own row only.
 """
@@ -64,7 +65,7 @@ def brute_force(follow: FollowUp, tools: tuple[int, ...]) -> np.ndarray:
 @pytest.mark.parametrize("prior", ["lexical", "hybrid"])
 def test_the_follow_up_is_the_requests_words_rescored_as_its_tools_cover_them(prior: str) -> None:
     registry = load_registry(CATALOG_PATH)
-    ranker = Ranker(registry, prior=prior, encoder=MadeUpEncoder())
+    ranker = Ranker(registry, prior=prior, encoder=MadeUpEncoder(), asks=False)
     rng = np.random.default_rng(4)
     for query in QUERIES:
         made = ranker.row(query, "fused")
@@ -81,7 +82,7 @@ def test_the_follow_up_is_the_requests_words_rescored_as_its_tools_cover_them(pr
 
 
 def test_words_counted_fully_at_the_same_weight_leave_the_prior_as_it_was() -> None:
-    ranker = Ranker(load_registry(CATALOG_PATH), encoder=MadeUpEncoder())
+    ranker = Ranker(load_registry(CATALOG_PATH), encoder=MadeUpEncoder(), asks=False)
     made = ranker.row(QUERIES[0], "fused")
     assert made.follow is not None and made.scores is not None
     same = FollowUp(made.scores, made.follow.query, made.follow.index, made.follow.tools,
@@ -107,7 +108,7 @@ def test_the_decode_ranked_by_a_following_prior_alone_answers_its_greedy_top_k(a
                                                                               backend: str) -> None:
     moved, chained = 0, 0
     for name, artifact in artifacts.items():
-        ranker = Ranker(artifact.registry, fused=PRIOR_ALONE, encoder=MadeUpEncoder())  # no two priors tie
+        ranker = Ranker(artifact.registry, fused=PRIOR_ALONE, encoder=MadeUpEncoder(), asks=False)  # no two priors tie
         queries = CHAIN_QUERIES if name == "tmdb" else QUERIES
         for query in queries if backend != "cuda" else queries[:2]:
             made = ranker.row(query, "fused")
@@ -126,7 +127,7 @@ def test_bad_input_gives_finite_priors_and_k_distinct_tools() -> None:
     tokenizer = TokenizerInfo.load("smollm2-135m")
     words = make_registry([{"name": name} for name in ("alpha", "beta", "gamma", "delta")], name="words")
     artifact = compile_registry(words, tokenizer)
-    ranker = Ranker(words, prior="lexical", fused=PRIOR_ALONE)
+    ranker = Ranker(words, prior="lexical", fused=PRIOR_ALONE, asks=False)
     for query in ("the of and to", "?!.,", "alpha", "alpha beta"):  # stop words, symbols, fewer needs than k
         made = ranker.row(query, "fused")
         assert made.follow is not None and made.scores is not None
@@ -149,7 +150,7 @@ def test_no_follow_up_where_nothing_follows() -> None:
 
 def test_a_follow_up_that_fails_fails_its_own_row_only(artifacts: dict[str, Artifact]) -> None:
     artifact = artifacts["catalog"]
-    ranker = Ranker(artifact.registry, prior="lexical", fused=PRIOR_ALONE)
+    ranker = Ranker(artifact.registry, prior="lexical", fused=PRIOR_ALONE, asks=False)
     made = ranker.row(QUERIES[0], "fused")
     batch = TrieBatch(artifact, capacity=3)
     batch.add(0, 2, prior=made.scores, model_weight=0.0, follow=lambda tools: np.full(len(tools) + 1, np.nan))

@@ -103,6 +103,21 @@ def refusal(reply: httpx.Response, status: int) -> str:
     return message
 
 
+def test_a_request_of_several_asks_keeps_each_asks_tools(client: httpx.Client) -> None:
+    """The pre-filter of a request that asks several things keeps, for each tool, its best over the request and its
+    asks (``Ranker.reach``): the second ask's tools are not crowded out by the first's."""
+    query = "check stock finance news about currency exchange and dollars, also find a course"
+    registry, everything = catalog(), set(catalog().names)
+    ranker = Ranker(registry, prior="lexical")
+    assert len(ranker.asks_of(query)) == 2
+    scores = ranker.prior_scores([query])[0]
+    reach = ranker.reach(query, scores)
+    kept = {registry.names[t] for t in sorted(range(len(registry)), key=lambda t: (-float(reach[t]), t))[:3]}
+    assert "CourseTool" in kept and "CourseTool" not in top(registry, query, 3, everything)  # the first ask's words
+    reply = ask(client, {"query": query, "k": 3, "prefilter": 3, "registry": "catalog"})
+    assert names(reply) == kept
+
+
 @pytest.mark.parametrize("query", QUERIES)
 def test_answer_is_the_top_n_of_the_allowed_tools(client: httpx.Client, query: str) -> None:
     everything = set(catalog().names)

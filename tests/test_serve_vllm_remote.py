@@ -45,6 +45,7 @@ import pytest
 import torch
 from support.serve_http import check_answer, running_server, same_answer, smollm_tokenizer, tiny_service
 
+from tooltrie.asks import split_asks
 from tooltrie.cli import main
 from tooltrie.compiler import Artifact
 from tooltrie.compiler.trie import phase_of
@@ -52,9 +53,9 @@ from tooltrie.errors import DecodeError
 from tooltrie.integrations.vllm_rows import (
     RequestArgs,
     artifact_root,
-    follow_up,
     load_artifact,
     parse_request_args,
+    ranked,
 )
 from tooltrie.kernels import TrieMatcher
 from tooltrie.kernels.batch import TrieBatch
@@ -160,16 +161,16 @@ class StandIn:
         (``TrieBatch.fuse_logits_``), greedy, its prior following the answer where the request says how
         (``vllm_rows.follow_up``, as the processor makes it); the answer it would have been without is noted."""
         reply = self.fused_answer(body, args)
-        if args.follow is not None:
-            without = self.fused_answer(body, replace(args, query=None, follow=None))
+        if args.follow is not None or args.asks is not None:
+            without = self.fused_answer(body, replace(args, query=None, follow=None, asks=None))
             self.unfollowed.append(without["choices"][0]["token_ids"] != reply["choices"][0]["token_ids"])
         return reply
 
     def fused_answer(self, body: dict[str, Any], args: RequestArgs) -> dict[str, Any]:
         artifact = load_artifact(args.artifact)
         batch = TrieBatch(artifact, capacity=1)
-        batch.add(0, args.k, subset=args.tools, prior=args.prior, model_weight=args.model_weight,
-                  follow=follow_up(args, artifact))
+        prior, follow = ranked(args, artifact)
+        batch.add(0, args.k, subset=args.tools, prior=prior, model_weight=args.model_weight, follow=follow)
         tokens: list[int] = []
         logprobs: list[float] = []
         with torch.inference_mode():
@@ -413,9 +414,12 @@ def test_a_subset_travels_to_vllm_and_answers_as_in_process(tmp_path: Path, narr
         assert sent["tooltrie_tools"] == sorted(sent["tooltrie_tools"])
 
 
-# Requests of several needs, where the prior that follows the answer changes it (``StandIn.unfollowed``).
+# Requests of several needs, where the prior that follows the answer changes it (``StandIn.unfollowed``); the last two
+# ask several things (their asks' priors travel too: ``tooltrie_asks``).
 SEVERAL_NEEDS = ("what is the weather in Paris and the news about flights there",
-                 "I want to buy a house and need a mortgage calculator and a moving company")
+                 "I want to buy a house and need a mortgage calculator and a moving company",
+                 "Convert 100 dollars to euros, then find me a cheap flight to Lisbon",
+                 "1) the weather in Oslo tomorrow 2) the latest news on the stock market 3) a nice podcast")
 
 
 @pytest.mark.parametrize("ranker", ["fused", "retrieval"])
@@ -426,6 +430,7 @@ def test_a_ranked_request_sends_its_prior_and_answers_as_in_process(tmp_path: Pa
     are the in-process engine's, and some of them are not what the prior that does not follow would have given."""
     local_service = tiny_service([CATALOG_PATH], tmp_path / "local", limits=ServeLimits(timeout_s=TIMEOUT))
     asks = [*zip(QUERIES, (1, 2, 3), strict=True), *((query, k) for query in SEVERAL_NEEDS for k in (2, 3))]
+    asked = 0
     with StandIn() as vllm, client_of(remote_service(vllm.url, tmp_path)) as remote, client_of(local_service) as local:
         for query, k in asks:
             ask = {"query": query, "k": k, "ranker": ranker, "prior": "hybrid"}
@@ -438,6 +443,10 @@ def test_a_ranked_request_sends_its_prior_and_answers_as_in_process(tmp_path: Pa
             assert len(base64.b64decode(sent["tooltrie_prior"][4:])) == 4 * 47
             assert sent["tooltrie_model_weight"] == here.json()["ranker"]["model"]
             assert sent["tooltrie_query"] == query and len(sent["tooltrie_follow"]) == 4
+            several = len(split_asks(query)) > 1
+            assert len(sent.get("tooltrie_asks", ())) == (len(split_asks(query)) if several else 0), query
+            asked += several
+        assert asked == 2 * 2  # two requests of several asks, at two k each
         assert len(vllm.unfollowed) == len(asks) and any(vllm.unfollowed), vllm.unfollowed
         plain = remote.post("/v1/discover", json={"query": QUERIES[0], "k": 1, "ranker": "model"})
         sent = vllm.requests[-1]["vllm_xargs"]

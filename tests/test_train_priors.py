@@ -29,7 +29,7 @@ from tooltrie.compiler import Artifact, TokenizerInfo
 from tooltrie.kernels import TrieBatch
 from tooltrie.kernels.reference import ReferenceBackend, fused_values
 from tooltrie.kernels.rules import Slot, advance, legal_moves
-from tooltrie.ranker import PRIORS, Ranker, Weights
+from tooltrie.ranker import PRIORS, PerAsk, Ranker, Weights
 from tooltrie.train.batches import make_batch
 from tooltrie.train.data import Example, TrainingData, load_training_data
 from tooltrie.train.loss import ValidationTotals, answer_hidden, trie_loss
@@ -49,20 +49,25 @@ def _similarities(data: TrainingData, artifact: Artifact, seed: int) -> np.ndarr
     return np.random.default_rng(seed).uniform(-1, 1, (rows, artifact.trie.n_tools)).astype(np.float32)
 
 
-def _check_bonuses(artifact: Artifact, example: Example, ranker: np.ndarray) -> None:
+def _check_bonuses(artifact: Artifact, example: Example, prior: np.ndarray, follow: Any = None) -> None:
     """``example``'s bonuses are what the reference backend's fused ranker adds to its legal tokens at each choice,
-    with ``ranker`` (the model's weight, then each tool's weighted prior)."""
+    with the prior the reference decode holds there: ``prior`` (each tool's, weighted; the model's weight 1),
+    following the answer by ``follow`` as the decode fed the example's tokens makes it follow."""
     looking = ReferenceBackend(artifact)._tools_crossing
     assert example.bonus is not None and len(example.bonus) == len(example.legal)
+    decode = TrieBatch(artifact, backend="reference", capacity=1)
+    decode.add(0, example.k, prior=prior, model_weight=1.0, follow=follow)
     slot = Slot.start(artifact.trie, example.k)
     for token, legal, bonus in zip(example.completion_ids, example.legal, example.bonus, strict=True):
         moves = legal_moves(artifact.trie, slot, artifact.eos_id)
         if len(legal) > 1:
+            ranker = decode.fetch().ranker[0]
             values, _ = fused_values(artifact.trie, slot, moves, [(0.0, t) for t in legal], ranker, looking)
             assert bonus == pytest.approx([value for value, _ in values], rel=1e-6)
         else:
             assert bonus == ()
         slot = advance(artifact.trie, slot, moves[token])
+        decode.accept([[token]], [0])
 
 
 def test_the_bonuses_are_the_reference_rankers_values(data: TrainingData, smollm: TokenizerInfo) -> None:
@@ -71,7 +76,7 @@ def test_the_bonuses_are_the_reference_rankers_values(data: TrainingData, smollm
         similarities = _similarities(data, artifact, seed)
         primed = with_priors(data, artifact, 3.0 * similarities)
         for i, example in enumerate([*primed.train, *primed.validation]):
-            _check_bonuses(artifact, example, np.concatenate([[1.0], 3.0 * similarities[i]]).astype(np.float32))
+            _check_bonuses(artifact, example, 3.0 * similarities[i])
 
 
 @pytest.mark.parametrize("prior", PRIORS)
@@ -79,17 +84,21 @@ def test_the_bonuses_come_from_the_prior_a_served_fused_request_gets(data: Train
                                                                      prior: str) -> None:
     """Training through the prior sees the prior serving decodes with: for each query, the reference ranker's
     values over ``Ranker.row(query, "fused")`` (the query's z-scored prior of that kind times the fused weight), made
-    one request at a time as the service does."""
+    one request at a time as the service does, following the answer as the decode does (one tool per ask of "All
+    users, then search", then the request's follow-up)."""
     artifact = small_artifact(smollm)
     weights = Weights(model=1.0, retrieval=3.0)
-    few = dataclasses.replace(data, train=data.train[:6], validation=data.validation[:2])
+    few = dataclasses.replace(data, train=data.train[-6:], validation=data.validation[:2])
     primed = ranker_priors(few, artifact, Ranker(artifact.registry, fused=weights, prior=prior,
                                                  encoder=MadeUpEncoder()))
     serving = Ranker(artifact.registry, fused=weights, prior=prior, encoder=MadeUpEncoder())
+    followed = 0
     for example in [*primed.train, *primed.validation]:
         row = serving.row(example.query, "fused")
         assert row.model_weight == 1.0 and row.scores is not None
-        _check_bonuses(artifact, example, np.concatenate([[1.0], row.scores]).astype(np.float32))
+        _check_bonuses(artifact, example, row.scores, row.follow)
+        followed += isinstance(row.follow, PerAsk) and example.k > 1
+    assert followed  # a request of two asks is among them
     with pytest.raises(ValueError, match="model's weight as 1"):
         ranker_priors(few, artifact, Ranker(artifact.registry, fused=Weights(2.0, 3.0), encoder=MadeUpEncoder()))
 

@@ -112,6 +112,29 @@ def test_a_prior_of_the_wrong_length_is_refused_before_it_is_decoded(ranked: dic
         parse_request_args(params({**ranked, "tooltrie_prior": [0.0] * 10_000_000}))
 
 
+ASK = encode_prior([0.5] * N_TOOLS)
+BAD_ASKS = [  # (the request's asks, what is refused)
+    ([ASK] * 9, "'asks' must be a list of 2 to 8 priors"),  # more asks than the splitter makes
+    ([ASK], "'asks' must be a list of 2 to 8 priors"),  # one ask is the request itself
+    (ASK, "'asks' must be a list of 2 to 8 priors"),
+    ([ASK, "f32:" + "A" * 4_000_000], r"'asks'\[1\] must be 47 finite"),  # the size told from the text's length
+    ([ASK, [0.0] * 46], r"'asks'\[1\] must be 47 finite"),
+    ([ASK, [1e39] * N_TOOLS], r"'asks'\[1\] must be 47 finite"),  # overflows float32
+]
+
+
+@pytest.mark.parametrize(("asks", "refused"), BAD_ASKS)
+def test_asks_are_checked_like_the_prior(ranked: dict[str, Any], asks: Any, refused: str) -> None:
+    assert parse_request_args(params({**ranked, "tooltrie_asks": [ASK, ASK]})) is not None
+    with pytest.raises(ValueError, match=refused):
+        parse_request_args(params({**ranked, "tooltrie_asks": asks}))
+
+
+def test_asks_without_a_prior_are_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="'asks' without 'prior'"):
+        parse_request_args(params({**request_args(name, 2, flat=True), "tooltrie_asks": [ASK, ASK]}))
+
+
 def test_a_long_query_and_a_large_k_are_refused(name: str, ranked: dict[str, Any]) -> None:
     with pytest.raises(ValueError, match=f"at most {LIMITS.max_query_chars} characters"):
         parse_request_args(params({**ranked, "tooltrie_query": "weather " * 1_000}))

@@ -177,16 +177,16 @@ def test_a_prior_that_follows_the_answer_answers_as_in_process(saved_catalog_art
     it, some differ)."""
     from support.encoders import MadeUpEncoder
 
-    from tooltrie.ranker import Ranker, Weights
+    from tooltrie.ranker import FollowUp, Ranker, Weights
 
     name = publish_artifact(saved_catalog_artifact)
     artifact = vllm_rows.load_artifact(name)
     moved = 0
     for weights in (Weights(model=1.0, retrieval=10.0), Weights(model=0.0, retrieval=1.0)):
-        ranker = Ranker(artifact.registry, prior=prior, fused=weights, encoder=MadeUpEncoder())
+        ranker = Ranker(artifact.registry, prior=prior, fused=weights, encoder=MadeUpEncoder(), asks=False)
         for i, query in enumerate(FOLLOWED):
             made = ranker.row(query, "fused")
-            assert made.follow is not None and made.scores is not None
+            assert isinstance(made.follow, FollowUp) and made.scores is not None
             # the chosen tools' words counting a quarter: the shipped FOLLOW discounts none, and a lexical prior
             # keeps its weight, so it would not move
             made = replace(made, follow=replace(made.follow, covered=0.25))
@@ -204,6 +204,46 @@ def test_a_prior_that_follows_the_answer_answers_as_in_process(saved_catalog_art
                                                 seed=k + i, oracle=oracle))
                 moved += answers[0] != answers[1]
     assert moved > 0  # the follow-up changed some answers: without it they are not the same
+
+
+ASKED = ("What's the weather in Paris? Also find me a hotel there",
+         "convert dollars to euros, then find a cheap hotel and book a table at a restaurant",
+         "1) translate this letter into French 2) check my stock portfolio 3) play some jazz")
+
+
+@pytest.mark.parametrize("prior", ["dense", "hybrid"])
+def test_a_request_of_several_asks_answers_as_in_process(saved_catalog_artifact: Path, prior: str) -> None:
+    """A request that asks several things sends each ask's prior beside the whole request's (``asks``) and gets the
+    in-process answer, token for token (``TrieBatch.add(follow=PerAsk)``), with the model's weight and with the
+    prior alone, at k below, at and above its asks; with a dense prior (which does not follow the answer once every
+    ask has its tool) too; and the asks do change answers."""
+    from support.encoders import MadeUpEncoder
+
+    from tooltrie.ranker import PerAsk, Ranker, Weights
+
+    name = publish_artifact(saved_catalog_artifact)
+    artifact = vllm_rows.load_artifact(name)
+    moved = 0
+    for weights in (Weights(model=1.0, retrieval=10.0), Weights(model=0.0, retrieval=1.0)):
+        rankers = [Ranker(artifact.registry, prior=prior, fused=weights, encoder=MadeUpEncoder(), asks=asks)
+                   for asks in (True, False)]
+        for i, query in enumerate(ASKED):
+            made, whole = (ranker.row(query, "fused") for ranker in rankers)
+            assert isinstance(made.follow, PerAsk) and made.scores is not None
+            for k in (1, len(made.follow.asks), len(made.follow.asks) + 1):
+                sent = request_args(name, k, prior=made.scores, model_weight=made.model_weight, follow=made.follow,
+                                    flat=True)
+                args = parse_request_args(SimpleNamespace(extra_args=json.loads(json.dumps(sent))))
+                assert args is not None and args.asks is not None and len(args.asks) == len(made.follow.asks)
+                oracle = TrieBatch(artifact, capacity=1)
+                oracle.add(0, k, prior=made.scores, model_weight=made.model_weight, follow=made.follow)
+                answer = through_rows(ArtifactRows("cpu"), args, artifact, plain=40 * (i % 2), seed=k + i,
+                                      oracle=oracle)
+                if weights.model == 0:
+                    assert answer == made.follow.top(k)
+                    static = [int(t) for t in np.argsort(-whole.scores, kind="stable")[:k]]
+                    moved += answer != (whole.follow.top(k) if whole.follow is not None else static)
+    assert moved > 0  # one tool per ask is not the whole request's answer
 
 
 def test_the_lexical_index_is_the_in_process_one_made_once_per_artifact(saved_catalog_artifact: Path,

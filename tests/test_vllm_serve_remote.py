@@ -226,6 +226,9 @@ def test_same_answers_as_the_engine_then_vllm_down_is_502(stack: Stack) -> None:
     asks += [(everyone, {"query": bfcl_queries[i * len(bfcl_queries) // QUERIES].query, "k": 1, "registry": "bfcl",
                          "prefilter": 32, **ranked}, bfcl)
              for i in range(QUERIES) for ranked in ({}, {"ranker": "fused"})]
+    compound = load_split("catalog-compound", "test")  # requests of several asks: their asks' priors travel too
+    asks += [(everyone, {"query": compound[i].query, "k": compound[i].k, **ranked}, catalog)
+             for i in (0, 10, 20) for ranked in ({"ranker": "fused"}, {"ranker": "retrieval"})]
     client, work = stack.client, stack.work
     for headers, ask, registry in asks:
         same_answer(stack, headers, ask, registry)
