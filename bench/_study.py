@@ -18,16 +18,21 @@ import numpy.typing as npt
 from tooltrie.eval.compare import bootstrap_interval, sign_test
 
 RESAMPLES = 10_000
-KINDS = ("plain", "need", "compound")
+KINDS = ("plain", "need", "compound", "composed")
 # Each development registry's labelled sets, by kind of request (``tooltrie.eval.datasets``; the registry is the
-# first plain set's).
+# first plain set's): plainly worded, need-describing, and requests that ask several things, written by hand
+# (``compound``) and joined from single-tool requests (``composed``, ``eval/composed.py``).
 SETS: dict[str, dict[str, tuple[str, ...]]] = {
     "catalog": {"plain": ("metatool-single", "metatool-multi"), "need": ("catalog-needs",),
-                "compound": ("catalog-compound",)},
-    "bfcl": {"plain": ("bfcl",), "need": ("bfcl-needs",), "compound": ("bfcl-compound",)},
-    "tmdb": {"plain": ("restbench-tmdb",), "need": ("tmdb-needs",), "compound": ("tmdb-compound",)},
-    "spotify": {"plain": ("restbench-spotify",), "need": ("spotify-needs",), "compound": ("spotify-compound",)},
-    "toolalpaca": {"plain": ("toolalpaca",), "need": ("toolalpaca-needs",), "compound": ("toolalpaca-compound",)},
+                "compound": ("catalog-compound",), "composed": ("catalog-composed",)},
+    "bfcl": {"plain": ("bfcl",), "need": ("bfcl-needs",), "compound": ("bfcl-compound",),
+             "composed": ("bfcl-composed",)},
+    "tmdb": {"plain": ("restbench-tmdb",), "need": ("tmdb-needs",), "compound": ("tmdb-compound",),
+             "composed": ("tmdb-composed",)},
+    "spotify": {"plain": ("restbench-spotify",), "need": ("spotify-needs",), "compound": ("spotify-compound",),
+                "composed": ("spotify-composed",)},
+    "toolalpaca": {"plain": ("toolalpaca",), "need": ("toolalpaca-needs",), "compound": ("toolalpaca-compound",),
+                   "composed": ("toolalpaca-composed",)},
 }
 REGISTRIES = tuple(SETS)
 

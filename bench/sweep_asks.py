@@ -1,15 +1,19 @@
 """A prior that answers each ask, leave one registry out: the retrieval prior alone (no model), today's follow-up
 against one tool per ask of the request.
 
-For each request of the five development registries' validation and test splits, of three kinds (plainly worded,
-need-describing, compound: ``eval/data/compound/``), k its gold tools:
+For each request of the five development registries' validation and test splits, of four kinds (plainly worded,
+need-describing, and requests that ask several things, written by hand, ``eval/data/compound/``, and joined from
+single-tool requests, ``eval/composed.py``), k its gold tools:
 
 - ``today``: the hybrid prior following the answer (``FollowUp.top``: what ``--ranker retrieval`` answers);
 - ``asks b``: the request cut into its asks (``tooltrie.asks.split_asks``), each ask's tools scored by its own hybrid
   prior blended with the whole request's, ``(1 - b) * ask + b * whole`` (z-scores), one tool per ask, the best
-  ask-tool pairs first (``eval.backends.one_per_ask``); past the asks, today's follow-up from the tools chosen.
+  ask-tool pairs first (``eval.backends.one_per_ask``); past the asks, today's follow-up from the tools chosen;
+- ``asks b, k>1``: the same where the answer is of two tools or more; one tool answers the whole request (today's);
+- ``asks 0.25 near p``: the same at b = 0.25, each later tool's prior lowered by p times its largest cosine (the
+  tools' embeddings) to a tool chosen before it: a near-duplicate of a chosen tool counts less.
 
-The candidate with the best mean, over the other four registries, of the mean of the three kinds' validation exact-set
+The candidate with the best mean, over the other four registries, of the mean of the four kinds' validation exact-set
 rates is scored on the fifth's test requests, paired against ``today``. Every ask and request of a registry is
 embedded in one pass.
 
@@ -31,11 +35,15 @@ from tooltrie.compiler import TokenizerInfo, compile_cached
 from tooltrie.eval.backends import one_per_ask
 from tooltrie.eval.datasets import LabelledQuery, load_split, registry_path
 from tooltrie.eval.scoring import answer_rates
-from tooltrie.ranker import UNTRAINED, Ranker, ranker_for
+from tooltrie.ranker import UNTRAINED, PerAsk, Ranker, ranker_for
 from tooltrie.registry import load_registry
 
 BLENDS = (0.0, 0.25, 0.5, 0.75)
-CANDIDATES = ("today", *(f"asks {b}" for b in BLENDS))
+# A tool close to one already chosen (the cosine of their embeddings) counts ``near`` z-units less per unit of cosine,
+# at the blend every fold chose without it.
+NEAR = (0.5, 1.0, 2.0, 4.0)
+CANDIDATES = ("today", *(f"asks {b}" for b in BLENDS), *(f"asks 0.25 near {p}" for p in NEAR),
+              *(f"asks {b}, k>1" for b in BLENDS))
 
 
 def answers(ranker: Ranker, queries: Sequence[LabelledQuery]) -> dict[str, list[list[int]]]:
@@ -59,7 +67,26 @@ def answers(ranker: Ranker, queries: Sequence[LabelledQuery]) -> dict[str, list[
                 prior[chosen] = -np.inf
                 chosen.append(int(np.argmax(prior)))
             result[f"asks {blend}"].append(chosen)
+            result[f"asks {blend}, k>1"].append(chosen if query.k > 1 else result["today"][-1])
+        per_ask = PerAsk((0.75 * by_ask + 0.25 * whole).astype(np.float32), whole, follow)
+        for near in NEAR:
+            result[f"asks 0.25 near {near}"].append(_near_top(per_ask, ranker.tool_embeddings, near, query.k))
     return result
+
+
+def _near_top(follow: PerAsk, embeddings: np.ndarray, near: float, k: int) -> list[int]:
+    """``follow``'s answer alone, each later tool's prior lowered by ``near`` times its largest cosine to a tool
+    chosen before it."""
+    chosen: list[int] = []
+    closest = np.full(len(embeddings), -np.inf)
+    for _ in range(k):
+        prior = np.array(follow(tuple(chosen)), np.float64)
+        if chosen:
+            prior -= near * closest
+            prior[chosen] = -np.inf
+        chosen.append(int(np.argmax(prior)))
+        closest = np.maximum(closest, embeddings @ embeddings[chosen[-1]])
+    return chosen
 
 
 def exact(names: Sequence[str], queries: Sequence[LabelledQuery], answered: list[list[int]]) -> np.ndarray:
@@ -124,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows += [row("pooled", kind, "folds' own", cell) for kind, cell in results["pooled"].items()]
     print_table(rows, title="test, held out: exact set (%), the fold's choice against today's follow-up")
     print(f"folds: {results['folds']}; all five: {results['all five']}")
-    path = write_results("sweep_asks", settings={"blends": BLENDS, "kinds": KINDS}, results=results, out=args.out,
+    path = write_results("sweep_asks", settings={"candidates": CANDIDATES, "kinds": KINDS}, results=results, out=args.out,
                          compact=True)
     print(f"wrote {path}")
     return 0

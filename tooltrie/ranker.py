@@ -82,9 +82,11 @@ FOLLOW = {"covered": 0.5, "lexical": 0.2, "chains": 3.0}
 # How a request that asks several things is answered (``PerAsk``): each ask's prior is ``(1 - whole)`` times its own
 # z-scores plus ``whole`` times the whole request's (an ask alone often leaves out what the request is about: "and
 # its director" names no film). Chosen leave one registry out on the five development registries' validation splits
-# by the mean of three exact-set rates, plainly worded, need-describing and compound requests (``eval/data/compound``)
-# counting the same, the prior alone (bench/sweep_asks.py: 0, 0.25, 0.5, 0.75; every fold chose 0.25;
-# docs/benchmarks.md#requests-that-ask-several-things).
+# by the mean of four exact-set rates, plainly worded, need-describing, hand-written compound (``eval/data/compound``)
+# and composed requests (``eval/composed.py``) counting the same, the prior alone (bench/sweep_asks.py: 0, 0.25, 0.5,
+# 0.75, each with asks for every answer and only for answers of two tools or more; a tool's largest cosine to a
+# chosen one subtracted at 0.5 to 4: never chosen; every fold chose 0.25, answers of two tools or more:
+# ``Ranker.asks_of``; docs/benchmarks.md#requests-that-ask-several-things).
 ASKS = {"whole": 0.25}
 
 
