@@ -69,6 +69,8 @@ def test_the_fused_weights_are_the_adapters_own_on_its_registry_and_retrieval_le
     # need-describing validation requests together); elsewhere fused; the model alone without the retrieval model
     measured = info.adapter.record["ranker"]
     assert measured["auto"] == "fused" and "catalog-needs" in measured["chosen_on"]
+    by_kind = measured["by_kind"]  # and what was measured per kind of request, requests of several asks included
+    assert {"plain", "need", "compound", "composed"} <= set(by_kind) and "compound_study" in by_kind["chosen_on"]
     catalog = compile_registry(load_registry(CATALOG_PATH), tokenizer)
     assert [auto_ranker(info.adapter, a, retrieval=r) for a in (catalog, other) for r in (True, False)] == [
         "fused", "model", "fused", "model"]
