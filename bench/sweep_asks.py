@@ -10,6 +10,8 @@ single-tool requests, ``eval/composed.py``), k its gold tools:
   prior blended with the whole request's, ``(1 - b) * ask + b * whole`` (z-scores), one tool per ask, the best
   ask-tool pairs first (``eval.backends.one_per_ask``); past the asks, today's follow-up from the tools chosen;
 - ``asks b, k>1``: the same where the answer is of two tools or more; one tool answers the whole request (today's);
+- ``spans b, k>1``: the same, each ask's dense part pooled from the request's one encoder pass (the states of the
+  ask's tokens: no pass of its own) instead of an encoder pass of its own;
 - ``asks 0.25 near p``: the same at b = 0.25, each later tool's prior lowered by p times its largest cosine (the
   tools' embeddings) to a tool chosen before it: a near-duplicate of a chosen tool counts less.
 
@@ -23,10 +25,12 @@ embedded in one pass.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
 from _common import print_table, write_results
 from _study import KINDS, REGISTRIES, SETS, choose, paired
 
@@ -35,7 +39,7 @@ from tooltrie.compiler import TokenizerInfo, compile_cached
 from tooltrie.eval.backends import one_per_ask
 from tooltrie.eval.datasets import LabelledQuery, load_split, registry_path
 from tooltrie.eval.scoring import answer_rates
-from tooltrie.ranker import UNTRAINED, PerAsk, Ranker, ranker_for
+from tooltrie.ranker import HYBRID, UNTRAINED, PerAsk, Ranker, ranker_for, standardized
 from tooltrie.registry import load_registry
 
 BLENDS = (0.0, 0.25, 0.5, 0.75)
@@ -43,7 +47,7 @@ BLENDS = (0.0, 0.25, 0.5, 0.75)
 # at the blend every fold chose without it.
 NEAR = (0.5, 1.0, 2.0, 4.0)
 CANDIDATES = ("today", *(f"asks {b}" for b in BLENDS), *(f"asks 0.25 near {p}" for p in NEAR),
-              *(f"asks {b}, k>1" for b in BLENDS))
+              *(f"asks {b}, k>1" for b in BLENDS), *(f"spans {b}, k>1" for b in BLENDS))
 
 
 def answers(ranker: Ranker, queries: Sequence[LabelledQuery]) -> dict[str, list[list[int]]]:
@@ -71,7 +75,34 @@ def answers(ranker: Ranker, queries: Sequence[LabelledQuery]) -> dict[str, list[
         per_ask = PerAsk((0.75 * by_ask + 0.25 * whole).astype(np.float32), whole, follow)
         for near in NEAR:
             result[f"asks 0.25 near {near}"].append(_near_top(per_ask, ranker.tool_embeddings, near, query.k))
+        spans = _span_scores(ranker, query.query, parts)
+        for blend in BLENDS:
+            chosen = one_per_ask((1 - blend) * spans + blend * whole, query.k) if query.k > 1 else []
+            while len(chosen) < query.k:
+                prior = np.array(follow(tuple(chosen)), np.float64)
+                prior[chosen] = -np.inf
+                chosen.append(int(np.argmax(prior)))
+            result[f"spans {blend}, k>1"].append(chosen)
     return result
+
+
+def _span_scores(ranker: Ranker, query: str, asks: list[str]) -> np.ndarray:
+    """Each ask's hybrid z-scores, its dense part pooled from the request's one encoder pass (its span's tokens)."""
+    encoder = ranker.encoder
+    encoding = encoder._tokenizer.encode(query)
+    ids = torch.tensor([encoding.ids])
+    with torch.inference_mode():
+        hidden = encoder._model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                token_type_ids=torch.zeros_like(ids)).last_hidden_state[0]
+    offsets, real = torch.tensor(encoding.offsets), torch.tensor(encoding.special_tokens_mask) == 0
+    rows = []
+    for start, end in _spans(query, asks):
+        inside = real & (offsets[:, 0] >= start) & (offsets[:, 1] <= end)
+        rows.append(hidden[inside].mean(dim=0) if bool(inside.any()) else hidden.mean(dim=0))
+    embedded = torch.nn.functional.normalize(torch.stack(rows), dim=-1).numpy()
+    dense = standardized(embedded @ ranker.tool_embeddings.T)
+    lexical = standardized(np.array([ranker.lexical.scores(ask) for ask in asks]))
+    return HYBRID["dense"] * dense + HYBRID["lexical"] * lexical
 
 
 def _near_top(follow: PerAsk, embeddings: np.ndarray, near: float, k: int) -> list[int]:
@@ -87,6 +118,16 @@ def _near_top(follow: PerAsk, embeddings: np.ndarray, near: float, k: int) -> li
         chosen.append(int(np.argmax(prior)))
         closest = np.maximum(closest, embeddings @ embeddings[chosen[-1]])
     return chosen
+
+
+def _spans(text: str, asks: list[str]) -> list[tuple[int, int]]:
+    """Where each ask lies in ``text``: from its first word to its last (words skipped between), in order."""
+    spans, position = [], 0
+    for ask in asks:
+        match = re.compile(".*?".join(map(re.escape, ask.split())), re.DOTALL).search(text, position)
+        spans.append((0, len(text)) if match is None else match.span())
+        position = position if match is None else match.end()
+    return spans
 
 
 def exact(names: Sequence[str], queries: Sequence[LabelledQuery], answered: list[list[int]]) -> np.ndarray:
@@ -151,8 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows += [row("pooled", kind, "folds' own", cell) for kind, cell in results["pooled"].items()]
     print_table(rows, title="test, held out: exact set (%), the fold's choice against today's follow-up")
     print(f"folds: {results['folds']}; all five: {results['all five']}")
-    path = write_results("sweep_asks", settings={"candidates": CANDIDATES, "kinds": KINDS}, results=results, out=args.out,
-                         compact=True)
+    path = write_results("sweep_asks", settings={"candidates": CANDIDATES, "kinds": KINDS}, results=results,
+                         out=args.out, compact=True)
     print(f"wrote {path}")
     return 0
 

@@ -4,7 +4,7 @@
   pairs leave (``eval.backends.one_per_ask``, the clause-split baseline's own rule);
 - the decode ranked by the prior alone (the model's weight 0) answers, on every backend, the best pair per ask and
   then the whole request's follow-up; with the model's scores beside it, every backend answers alike;
-- ``Ranker.row``: the asks scored in the encoder's one pass with the request; a request of one ask keeps today's
+- ``Ranker.row``: the asks scored in one encoder batch after the request; a request of one ask keeps today's
   prior; bad input (one word, only connectives, 200 clauses, k beyond the asks or the tools) gives k distinct tools.
 """
 
@@ -119,7 +119,7 @@ def test_with_the_model_every_backend_answers_as_the_reference(catalog: Artifact
             assert decode(catalog, backend, k, made.scores, made.follow, model_weight=1.0) == expected
 
 
-def test_the_asks_are_scored_in_one_pass_with_the_request() -> None:
+def test_the_asks_are_scored_in_one_batch_after_the_request() -> None:
     registry = load_registry(CATALOG_PATH)
     encoder = MadeUpEncoder()
     ranker = Ranker(registry, fused=PRIOR_ALONE, encoder=encoder)

@@ -371,18 +371,15 @@ class Ranker:
         """The prior of one request asking for ranker ``name``: the one per-request entry point. ``prior``: dense,
         lexical or hybrid (None: the ranker's own); ``scores``: the query's ``prior_scores`` of that kind when the
         caller has them already (a pre-filter ranked by them), so the query is embedded once per request; a request
-        that asks several things has its asks scored too, in the same pass (``PerAsk``), unless its answer is of one
-        tool (``k``: the answer's size; None: any), which answers the whole request."""
+        that asks several things has its asks scored too, in one batch (``PerAsk``), unless its answer is of one tool
+        (``k``: the answer's size; None: any), which answers the whole request."""
         weights = self.weights(name)
         if weights.retrieval == 0:
             return Prior(None, weights.model, weights, self.registry.sha256)
-        asks = self.asks_of(query, k)
         if scores is None:
-            scored = self.prior_scores([query, *asks], prior)
-            scores = scored[0]
-            by_ask = self._blended(scored[1:], scores)
-        else:
-            by_ask = self.ask_scores(asks, scores, prior)
+            scores = self.prior_scores([query], prior)[0]
+        asks = self.asks_of(query, k)
+        by_ask = self.ask_scores(asks, scores, prior)  # a batch of their own: padded to the longest ask
         whole = (weights.retrieval * scores).astype("float32")
         then = self.follow_up(query, whole, weights.retrieval, prior)
         if not asks:
@@ -398,13 +395,11 @@ class Ranker:
 
         if not asks:
             return np.zeros((0, len(scores)), np.float32)
-        return self._blended(self.prior_scores(list(asks), prior), scores)
-
-    @staticmethod
-    def _blended(by_ask: npt.NDArray[np.float32], scores: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         blend = ASKS["whole"]
-        blended: npt.NDArray[np.float32] = ((1 - blend) * by_ask + blend * scores).astype("float32")
+        blended: npt.NDArray[np.float32] = ((1 - blend) * self.prior_scores(list(asks), prior)
+                                            + blend * scores).astype(np.float32)
         return blended
+
 
     def reach(self, query: str, scores: npt.NDArray[np.float32], prior: str | None = None, *,
               k: int | None = None) -> npt.NDArray[np.float32]:
