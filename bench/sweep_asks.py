@@ -10,6 +10,8 @@ single-tool requests, ``eval/composed.py``), k its gold tools:
   prior blended with the whole request's, ``(1 - b) * ask + b * whole`` (z-scores), one tool per ask, the best
   ask-tool pairs first (``eval.backends.one_per_ask``); past the asks, today's follow-up from the tools chosen;
 - ``asks b, k>1``: the same where the answer is of two tools or more; one tool answers the whole request (today's);
+- ``asks b, k>1, at most k``: the same, a request cut into more asks than its answer has tools merged down to k
+  asks (the two neighbouring asks whose scores correlate most become one, their z-scores averaged);
 - ``spans b, k>1``: the same, each ask's dense part pooled from the request's one encoder pass (the states of the
   ask's tokens: no pass of its own) instead of an encoder pass of its own;
 - ``asks 0.25 near p``: the same at b = 0.25, each later tool's prior lowered by p times its largest cosine (the
@@ -47,7 +49,8 @@ BLENDS = (0.0, 0.25, 0.5, 0.75)
 # at the blend every fold chose without it.
 NEAR = (0.5, 1.0, 2.0, 4.0)
 CANDIDATES = ("today", *(f"asks {b}" for b in BLENDS), *(f"asks 0.25 near {p}" for p in NEAR),
-              *(f"asks {b}, k>1" for b in BLENDS), *(f"spans {b}, k>1" for b in BLENDS))
+              *(f"asks {b}, k>1" for b in BLENDS), *(f"spans {b}, k>1" for b in BLENDS),
+              *(f"asks {b}, k>1, at most k" for b in BLENDS))
 
 
 def answers(ranker: Ranker, queries: Sequence[LabelledQuery]) -> dict[str, list[list[int]]]:
@@ -72,6 +75,13 @@ def answers(ranker: Ranker, queries: Sequence[LabelledQuery]) -> dict[str, list[
                 chosen.append(int(np.argmax(prior)))
             result[f"asks {blend}"].append(chosen)
             result[f"asks {blend}, k>1"].append(chosen if query.k > 1 else result["today"][-1])
+            merged = _at_most(by_ask, query.k)
+            chosen = one_per_ask((1 - blend) * merged + blend * whole, query.k) if query.k > 1 else []
+            while len(chosen) < query.k:
+                prior = np.array(follow(tuple(chosen)), np.float64)
+                prior[chosen] = -np.inf
+                chosen.append(int(np.argmax(prior)))
+            result[f"asks {blend}, k>1, at most k"].append(chosen)
         per_ask = PerAsk((0.75 * by_ask + 0.25 * whole).astype(np.float32), whole, follow)
         for near in NEAR:
             result[f"asks 0.25 near {near}"].append(_near_top(per_ask, ranker.tool_embeddings, near, query.k))
@@ -118,6 +128,16 @@ def _near_top(follow: PerAsk, embeddings: np.ndarray, near: float, k: int) -> li
         chosen.append(int(np.argmax(prior)))
         closest = np.maximum(closest, embeddings @ embeddings[chosen[-1]])
     return chosen
+
+
+def _at_most(by_ask: np.ndarray, k: int) -> np.ndarray:
+    """At most ``k`` asks: while there are more, the two neighbouring asks whose scores correlate most become one,
+    their scores averaged."""
+    rows = [row for row in by_ask]
+    while len(rows) > max(k, 1):
+        i = max(range(len(rows) - 1), key=lambda j: float(np.corrcoef(rows[j], rows[j + 1])[0, 1]))
+        rows[i : i + 2] = [(rows[i] + rows[i + 1]) / 2]
+    return np.array(rows)
 
 
 def _spans(text: str, asks: list[str]) -> list[tuple[int, int]]:

@@ -62,7 +62,7 @@ from tooltrie.integrations.vllm import (
 )
 from tooltrie.integrations.vllm_rows import publish_artifact
 from tooltrie.kernels import TrieBatch, TrieMatcher
-from tooltrie.ranker import Prior, Ranker, Weights
+from tooltrie.ranker import PerAsk, Prior, Ranker, Weights
 from tooltrie.serve.prompt import Prompt
 
 MAX_REQS, MAX_LEN = 6, 96
@@ -296,7 +296,8 @@ def following_requests(artifact: Artifact, prior: str) -> list[tuple[Prior, int]
     """Requests of several needs, each with its prior that follows the answer (the made-up encoder's dense part)."""
     from support.encoders import MadeUpEncoder
 
-    ranker = Ranker(artifact.registry, prior=prior, fused=Weights(model=1.0, retrieval=10.0), encoder=MadeUpEncoder())
+    ranker = Ranker(artifact.registry, prior=prior, fused=Weights(model=1.0, retrieval=10.0), encoder=MadeUpEncoder(),
+                    asks=False)  # each a request of one ask here: several asks are test_v2_a_request_of_several_asks...
     return [(discounting(ranker.row(query, "fused")), 2 + i % 2) for i, query in enumerate(FOLLOWED)]
 
 
@@ -344,6 +345,29 @@ def test_v2_a_prior_that_follows_the_answer_answers_as_in_process(catalog_artifa
     static = answers_through_v2(catalog_artifact, artifact_path, requests, follow=False)
     assert [len(set(tools)) for tools in following] == [k for _, k in requests]
     assert following != static
+
+
+@pytest.mark.parametrize("prior", ["dense", "hybrid"])
+def test_v2_a_request_of_several_asks_answers_as_in_process(catalog_artifact: Artifact, artifact_path: str,
+                                                            prior: str) -> None:
+    """Requests that ask several things send each ask's prior (``tooltrie_asks``: vLLM's validators take them) and
+    answer as ``TrieBatch.add(follow=PerAsk)`` does in process, token for token, beside one another and a row
+    without a prior; without their asks (the first prior alone) some answer otherwise."""
+    from support.encoders import MadeUpEncoder
+
+    ranker = Ranker(catalog_artifact.registry, prior=prior, fused=Weights(model=1.0, retrieval=10.0),
+                    encoder=MadeUpEncoder())
+    requests = [(ranker.row(query, "fused"), k) for query, k in ASKED]
+    assert all(isinstance(made.follow, PerAsk) for made, _ in requests)
+    asked = answers_through_v2(catalog_artifact, artifact_path, requests, follow=True)
+    static = answers_through_v2(catalog_artifact, artifact_path, requests, follow=False)
+    assert [len(set(tools)) for tools in asked] == [k for _, k in ASKED]
+    assert asked != static
+
+
+ASKED = (("What's the weather in Paris? Also find me a hotel near the Louvre", 2),
+         ("convert 100 dollars to euros, then find a cheap hotel and book a table at a restaurant", 3),
+         ("1) translate this letter into French 2) check my stock portfolio 3) play some jazz", 3))
 
 
 def test_v1_a_prior_that_follows_the_answer_answers_as_in_process(catalog_artifact: Artifact,

@@ -85,7 +85,8 @@ FOLLOW = {"covered": 0.5, "lexical": 0.2, "chains": 3.0}
 # by the mean of four exact-set rates, plainly worded, need-describing, hand-written compound (``eval/data/compound``)
 # and composed requests (``eval/composed.py``) counting the same, the prior alone (bench/sweep_asks.py: 0, 0.25, 0.5,
 # 0.75, each with asks for every answer and only for answers of two tools or more; a tool's largest cosine to a
-# chosen one subtracted at 0.5 to 4: never chosen; every fold chose 0.25, answers of two tools or more:
+# chosen one subtracted at 0.5 to 4, asks pooled from the request's one encoder pass, more asks than tools merged
+# down to k: never chosen; every fold chose 0.25, answers of two tools or more:
 # ``Ranker.asks_of``; docs/benchmarks.md#requests-that-ask-several-things).
 ASKS = {"whole": 0.25}
 
