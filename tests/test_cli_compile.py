@@ -47,8 +47,8 @@ def test_compile_then_inspect(registry_file: Path, tmp_path: Path, capsys: pytes
     stderr = capsys.readouterr().err
     assert re.search(rf"{re.escape(str(out))}: 3 tools, \d+ nodes, \d+ edges, \d+ device bytes, placement constant",
                      stderr), stderr
-    assert out.is_file()
-    assert sorted(p.name for p in out.parent.iterdir()) == ["demo.trie.safetensors"]
+    assert out.is_file()  # and beside it the lexical index, made once, now (the prior's dense part only with --embed)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["demo.trie.lexical.safetensors", "demo.trie.safetensors"]
 
     summary = _inspect(out, capsys)
     registry = load_registry(registry_file)
@@ -67,6 +67,7 @@ def test_compile_then_inspect(registry_file: Path, tmp_path: Path, capsys: pytes
     assert next(iter(summary)) == "placement"  # placement comes first in the printed JSON, the tools last
     assert list(summary)[-2:] == ["chains", "tools"]
     assert summary["chains"] == {"tools needing an identifier": 0, "found": {}, "not found": []}
+    assert summary["prior_kept"] == {"lexical": "ready", "embeddings": "missing"}
     tok = summary["tokenizer"]
     assert isinstance(tok, dict)
     assert tok["fingerprint"] == tokenizer.fingerprint
@@ -180,3 +181,39 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
         main(["compile"])
     assert info.value.code == 2
     assert "usage:" in capsys.readouterr().err
+
+
+def test_compile_keeps_the_prior_beside_the_artifact_where_ask_reads_it(registry_file: Path, tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``compile --embed`` keeps the lexical index and the tools' embeddings beside the artifact; the ranker of that
+    artifact (what ``ask`` and ``serve`` use) reads both and makes neither; ``inspect`` says so, and says "stale" once
+    the files belong to another registry version."""
+    from support.encoders import MadeUpEncoder
+
+    import tooltrie.retrieval as retrieval
+    from tooltrie.lexical import LexicalIndex
+    from tooltrie.ranker import UNTRAINED, ranker_for
+
+    monkeypatch.setattr(retrieval, "SentenceEncoder", MadeUpEncoder)  # the encoder compile makes: no download
+    out = tmp_path / "demo.trie.safetensors"
+    assert main(["compile", str(registry_file), "--embed", "-o", str(out)]) == 0
+    stderr = capsys.readouterr().err
+    assert "the lexical index" in stderr and "3 tools embedded" in stderr, stderr
+    assert _inspect(out, capsys)["prior_kept"] == {"lexical": "ready", "embeddings": "ready"}
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("made again, not read")
+
+    artifact = Artifact.load(out)
+    ranker = ranker_for(artifact, out, UNTRAINED)
+    monkeypatch.setattr(LexicalIndex, "build", never)
+    monkeypatch.setattr(MadeUpEncoder, "encode", never)
+    assert ranker.lexical.n_tools == 3 and ranker.tool_embeddings.shape[0] == 3
+    # another registry compiled to the same path: the files beside are another version's until made again
+    other = tmp_path / "other.yaml"
+    other.write_text(REGISTRY.replace("Send an email.", "Send an email now."), encoding="utf-8")
+    monkeypatch.undo()
+    assert main(["compile", str(other), "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert _inspect(out, capsys)["prior_kept"] == {"lexical": "ready", "embeddings": "stale"}

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from tooltrie.errors import TooltrieError
 from tooltrie.options import add_ranker_options, add_separator_option
@@ -29,10 +30,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   "every problem (for CI)")
     compile_cmd.add_argument("--require-descriptions", action="store_true",
                              help="an empty tool description is a problem too")
+    compile_cmd.add_argument("--embed", action="store_true",
+                             help="also embed every tool with all-MiniLM-L6-v2 and keep the embeddings beside the "
+                                  "artifact (the dense and hybrid priors' first request would otherwise make them); "
+                                  "the lexical index is kept there always (with bm25s, the model extra)")
     compile_cmd.set_defaults(run=_compile)
 
-    inspect_cmd = commands.add_parser("inspect", help="print an artifact's header, placement and chains (which tool "
-                                                      "finds the identifier another requires) as JSON")
+    inspect_cmd = commands.add_parser("inspect", help="print an artifact's header, placement, the prior's parts kept "
+                                                      "beside it and chains (which tool finds the identifier another "
+                                                      "requires) as JSON")
     inspect_cmd.add_argument("artifact", type=Path)
     inspect_cmd.set_defaults(run=_inspect)
 
@@ -145,7 +151,31 @@ def _compile(args: argparse.Namespace) -> int:
     trie = artifact.trie
     print(f"{args.output}: {trie.n_tools} tools, {trie.n_nodes} nodes, {trie.n_edges} edges, "
           f"{trie.device_bytes} device bytes, placement {artifact.placement()}", file=sys.stderr)
+    _keep_prior(artifact, args.output, embed=args.embed)
     return 0
+
+
+def _keep_prior(artifact: Any, path: Path, *, embed: bool) -> None:
+    """The prior's parts made now and kept beside the artifact at ``path`` (``ranker.lexical_path``,
+    ``embeddings_path``), where ``ask`` and ``serve`` read them: the lexical index (when bm25s is installed) and,
+    with ``embed``, the tools' embeddings."""
+    import importlib.util
+    import time
+
+    from tooltrie.ranker import Ranker, embeddings_path, lexical_path
+
+    ranker = Ranker(artifact.registry, embeddings_path=embeddings_path(path), lexical_path=lexical_path(path))
+    if importlib.util.find_spec("bm25s") is None:
+        print(f"{path}: no lexical index kept (bm25s is not installed: the model extra)", file=sys.stderr)
+    else:
+        began = time.perf_counter()
+        ranker.lexical  # noqa: B018 (built and written beside the artifact)
+        print(f"{lexical_path(path)}: the lexical index ({time.perf_counter() - began:.1f} s)", file=sys.stderr)
+    if embed:
+        began = time.perf_counter()
+        ranker.tool_embeddings  # noqa: B018 (made and written beside the artifact)
+        print(f"{embeddings_path(path)}: {len(artifact.registry)} tools embedded ({time.perf_counter() - began:.1f} s)",
+              file=sys.stderr)
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -155,9 +185,20 @@ def _inspect(args: argparse.Namespace) -> int:
     artifact = Artifact.load(args.artifact)
     summary = artifact.summary()
     tools = summary.pop("tools")  # the tools stay last; before them, the chains the prior follows
+    summary["prior_kept"] = _prior_kept(artifact, args.artifact)
     summary["chains"] = Chains.of(artifact.registry).describe(artifact.registry.names)
     print(json.dumps({**summary, "tools": tools}, indent=2, ensure_ascii=False))
     return 0
+
+
+def _prior_kept(artifact: Any, path: Path) -> dict[str, str]:
+    """Which of the prior's parts are kept beside the artifact for its registry version: "ready", "missing", or
+    "stale" (a file of another registry version, or unreadable: made again on first use)."""
+    from tooltrie.ranker import Ranker, embeddings_path, lexical_path
+
+    ranker = Ranker(artifact.registry, embeddings_path=embeddings_path(path), lexical_path=lexical_path(path))
+    return {part: ("ready" if ready else "stale" if file.is_file() else "missing")
+            for part, (file, ready) in ranker.kept().items()}
 
 
 def _decode(args: argparse.Namespace) -> int:

@@ -302,7 +302,7 @@ class LexicalIndex:
         if path is None:
             return cls.build(registry)
         path = Path(path)
-        kept = cls._read(path, registry)
+        kept = cls.read(registry, path)
         if kept is not None:
             return kept
         index = cls.build(registry)
@@ -320,7 +320,9 @@ class LexicalIndex:
              what="lexical index")
 
     @classmethod
-    def _read(cls, path: Path, registry: Registry) -> LexicalIndex | None:
+    def read(cls, registry: Registry, path: Path) -> LexicalIndex | None:
+        """The index of ``registry`` kept at ``path``, or None when there is none of this registry version and these
+        settings (or it cannot be read)."""
         from tooltrie.kept import read_kept
 
         def accept(arrays: dict[str, npt.NDArray[Any]], meta: dict[str, str]) -> LexicalIndex:

@@ -484,6 +484,31 @@ class Ranker:
         result: npt.NDArray[np.float32] = (query_embeddings @ tools.T).astype("float32")
         return result
 
+    def kept(self) -> dict[str, tuple[Path, bool]]:
+        """Each part of the prior kept in a file (``lexical``, ``embeddings``): the file, and whether it holds this
+        registry version's (read, never made here). No file configured: the part is not listed."""
+        parts: dict[str, tuple[Path, bool]] = {}
+        if self.lexical_path is not None:
+            from tooltrie.lexical import LexicalIndex
+
+            parts["lexical"] = (self.lexical_path, LexicalIndex.read(self.registry, self.lexical_path) is not None)
+        if self.embeddings_path is not None:
+            parts["embeddings"] = (self.embeddings_path, self._kept_embeddings() is not None)
+        return parts
+
+    def _kept_embeddings(self) -> npt.NDArray[np.float32] | None:
+        from tooltrie.kept import read_kept
+
+        kept: npt.NDArray[np.float32] | None = read_kept(self.embeddings_path, self._embeddings_key(),
+                                                         lambda arrays, meta: arrays["embeddings"], what="embeddings")
+        return kept
+
+    def _embeddings_key(self) -> dict[str, str]:
+        """What kept embeddings must have been made for: this registry version, the encoder, the tool text's form."""
+        from tooltrie.retrieval import TEXT_VERSION
+
+        return {"registry_sha256": self.registry.sha256, "encoder": ENCODER, "text": TEXT_VERSION}
+
     @cached_property
     def encoder(self) -> Any:
         from tooltrie.retrieval import SentenceEncoder
@@ -494,17 +519,16 @@ class Ranker:
     def tool_embeddings(self) -> npt.NDArray[np.float32]:
         """The tools' embeddings: read from ``embeddings_path`` when it holds this registry's, else computed (and
         written there)."""
-        from tooltrie.kept import keep, read_kept
-        from tooltrie.retrieval import TEXT_VERSION, tool_text
+        from tooltrie.kept import keep
+        from tooltrie.retrieval import tool_text
 
-        key = {"registry_sha256": self.registry.sha256, "encoder": ENCODER, "text": TEXT_VERSION}
-        cached = read_kept(self.embeddings_path, key, lambda arrays, meta: arrays["embeddings"], what="embeddings")
+        cached = self._kept_embeddings()
         if cached is not None:
             return cached
         texts = [tool_text(tool) for tool in self.registry.tools]
         embeddings: npt.NDArray[np.float32] = self.encoder.encode(texts).numpy().astype("float32")
         if self.embeddings_path is not None:
-            keep(self.embeddings_path, {"embeddings": embeddings}, key, what="embeddings")
+            keep(self.embeddings_path, {"embeddings": embeddings}, self._embeddings_key(), what="embeddings")
         return embeddings
 
 
