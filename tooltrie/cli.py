@@ -162,9 +162,11 @@ def _keep_prior(artifact: Any, path: Path, *, embed: bool) -> None:
     import importlib.util
     import time
 
+    from tooltrie.embeddings import EmbeddingProgress
     from tooltrie.ranker import Ranker, embeddings_path, lexical_path
 
     ranker = Ranker(artifact.registry, embeddings_path=embeddings_path(path), lexical_path=lexical_path(path))
+    ranker.progress = EmbeddingProgress(f"{path.name}: embedding")
     if importlib.util.find_spec("bm25s") is None:
         print(f"{path}: no lexical index kept (bm25s is not installed: the model extra)", file=sys.stderr)
     else:

@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # numpy is imported where it is used: the CLI reads this modu
 
     from tooltrie.chains import Chains
     from tooltrie.compiler.artifact import Artifact
+    from tooltrie.embeddings import Progress
     from tooltrie.lexical import LexicalIndex
     from tooltrie.registry.model import Registry, Tool
 
@@ -355,6 +356,7 @@ class Ranker:
         ``follow``)."""
         self.registry, self.fused, self._encoder, self.follow = registry, fused, encoder, follow
         self.asks = asks
+        self.progress: Progress | None = None  # told after each chunk of tools embedded (a command's bar)
         self.prior = check_prior(prior, where="prior")
         self.embeddings_path = None if embeddings_path is None else Path(embeddings_path)
         self.lexical_path = None if lexical_path is None else Path(lexical_path)
@@ -518,18 +520,17 @@ class Ranker:
     @cached_property
     def tool_embeddings(self) -> npt.NDArray[np.float32]:
         """The tools' embeddings: read from ``embeddings_path`` when it holds this registry's, else computed (and
-        written there)."""
-        from tooltrie.kept import keep
+        written there, a chunk at a time as they are made: a run that stops continues where it stopped;
+        ``tooltrie/embeddings.py``), reporting to ``progress`` after each chunk."""
+        from tooltrie.embeddings import embed_texts
         from tooltrie.retrieval import tool_text
 
         cached = self._kept_embeddings()
         if cached is not None:
             return cached
         texts = [tool_text(tool) for tool in self.registry.tools]
-        embeddings: npt.NDArray[np.float32] = self.encoder.encode(texts).numpy().astype("float32")
-        if self.embeddings_path is not None:
-            keep(self.embeddings_path, {"embeddings": embeddings}, self._embeddings_key(), what="embeddings")
-        return embeddings
+        return embed_texts(self.encoder.encode, texts, self.embeddings_path, self._embeddings_key(),
+                           progress=self.progress)
 
 
 def ranker_for(artifact: Artifact, source: str | Path | None, weights: Weights, *,
