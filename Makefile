@@ -51,7 +51,7 @@ compile-registry: $(ARTIFACT)
 
 ifeq ($(REGISTRY_IS_ARTIFACT),)
 $(ARTIFACT): $(REGISTRY) $(TOKENIZER_FILE) $(COMPILER_SOURCES) | install
-	$(BIN)/tooltrie compile $(REGISTRY) --tokenizer $(TOKENIZER)$(SEPARATOR_OPTION) -o $@
+	$(BIN)/tooltrie compile $(REGISTRY) --tokenizer $(TOKENIZER)$(SEPARATOR_OPTION) --embed -o $@
 endif
 
 # Training data and the evaluation grammar come from the artifact that serving uses, and depend on the registry

@@ -283,7 +283,7 @@ def test_make_regenerates_artifact_training_data_and_grammar_when_the_registry_c
     os.utime(tmp_path / "reg.yaml")  # the registry changes
     assert _make(tmp_path, "-q", *targets).returncode == 1
     plan = _make(tmp_path, "-n", *targets).stdout
-    assert "tooltrie compile reg.yaml --tokenizer tok.json -o build/reg.trie.safetensors" in plan
+    assert "tooltrie compile reg.yaml --tokenizer tok.json --embed -o build/reg.trie.safetensors" in plan
     assert "tooltrie gen-data --registry reg.yaml --artifact build/reg.trie.safetensors" in plan
     assert "-o build/reg.training" in plan
     for k in (1, 2):
