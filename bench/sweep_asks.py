@@ -41,7 +41,7 @@ from tooltrie.compiler import TokenizerInfo, compile_cached
 from tooltrie.eval.backends import one_per_ask
 from tooltrie.eval.datasets import LabelledQuery, load_split, registry_path
 from tooltrie.eval.scoring import answer_rates
-from tooltrie.ranker import HYBRID, UNTRAINED, PerAsk, Ranker, ranker_for, standardized
+from tooltrie.ranker import HYBRID, UNTRAINED, FollowUp, PerAsk, Ranker, ranker_for, standardized
 from tooltrie.registry import load_registry
 
 BLENDS = (0.0, 0.25, 0.5, 0.75)
@@ -67,33 +67,30 @@ def answers(ranker: Ranker, queries: Sequence[LabelledQuery]) -> dict[str, list[
         if follow is None:
             raise RuntimeError("the hybrid prior follows the answer: a follow-up is expected")
         result["today"].append(follow.top(query.k))
+        # the "k>1" candidates: no asks for an answer of one tool, which answers the whole request
+        ask_rows = {"asks": by_ask, "asks, k>1": by_ask, "asks, k>1, at most k": _at_most(by_ask, query.k),
+                    "spans, k>1": _span_scores(ranker, query.query, parts)}
         for blend in BLENDS:
-            chosen = one_per_ask((1 - blend) * by_ask + blend * whole, query.k)
-            while len(chosen) < query.k:
-                prior = np.array(follow(tuple(chosen)), np.float64)
-                prior[chosen] = -np.inf
-                chosen.append(int(np.argmax(prior)))
-            result[f"asks {blend}"].append(chosen)
-            result[f"asks {blend}, k>1"].append(chosen if query.k > 1 else result["today"][-1])
-            merged = _at_most(by_ask, query.k)
-            chosen = one_per_ask((1 - blend) * merged + blend * whole, query.k) if query.k > 1 else []
-            while len(chosen) < query.k:
-                prior = np.array(follow(tuple(chosen)), np.float64)
-                prior[chosen] = -np.inf
-                chosen.append(int(np.argmax(prior)))
-            result[f"asks {blend}, k>1, at most k"].append(chosen)
+            for name, rows in ask_rows.items():
+                kind, _, rule = name.partition(", ")
+                rows = rows if query.k > 1 or not rule else rows[:0]
+                result[f"{kind} {blend}{', ' + rule if rule else ''}"].append(
+                    _one_per_ask(rows, whole, blend, follow, query.k))
         per_ask = PerAsk((0.75 * by_ask + 0.25 * whole).astype(np.float32), whole, follow)
         for near in NEAR:
             result[f"asks 0.25 near {near}"].append(_near_top(per_ask, ranker.tool_embeddings, near, query.k))
-        spans = _span_scores(ranker, query.query, parts)
-        for blend in BLENDS:
-            chosen = one_per_ask((1 - blend) * spans + blend * whole, query.k) if query.k > 1 else []
-            while len(chosen) < query.k:
-                prior = np.array(follow(tuple(chosen)), np.float64)
-                prior[chosen] = -np.inf
-                chosen.append(int(np.argmax(prior)))
-            result[f"spans {blend}, k>1"].append(chosen)
     return result
+
+
+def _one_per_ask(by_ask: np.ndarray, whole: np.ndarray, blend: float, follow: FollowUp, k: int) -> list[int]:
+    """One tool per ask (each ask's scores blended with the request's at ``blend``), the best ask-tool pairs first
+    (``one_per_ask``), then the request's follow-up from the tools chosen."""
+    chosen = one_per_ask((1 - blend) * by_ask + blend * whole, k) if len(by_ask) else []
+    while len(chosen) < k:
+        prior = np.array(follow(tuple(chosen)), np.float64)
+        prior[chosen] = -np.inf
+        chosen.append(int(np.argmax(prior)))
+    return chosen
 
 
 def _span_scores(ranker: Ranker, query: str, asks: list[str]) -> np.ndarray:
