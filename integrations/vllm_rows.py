@@ -29,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from tooltrie.asks import MAX_ASKS
 from tooltrie.compiler.artifact import Artifact
 from tooltrie.errors import ArtifactError
 
@@ -91,9 +92,8 @@ class RowLimits:
     """Characters of the request's text (``query``), which the follow-up scores at each tool: the endpoint's own
     bound (``ServeLimits.max_query_chars``)."""
 
-    max_asks: int = 8
-    """Asks of one request, each a prior of the registry's size (``asks``): ``tooltrie.asks.MAX_ASKS``, the most the
-    splitter makes."""
+    max_asks: int = MAX_ASKS
+    """Asks of one request, each a prior of the registry's size (``asks``): the most the splitter makes."""
 
     max_magnitude: float = 1e6
     """The largest magnitude of a prior value, the model's weight and the follow-up's numbers: a fused value is a

@@ -204,7 +204,7 @@ class PerAsk:
     request's prior ``whole`` follows the answer as a request of one ask does (``then``, a ``FollowUp``; None: it
     stays ``whole``). With the model's weight at 0 the first tools are the best ask-tool pairs, one per ask: the
     best pair, then the best of an ask without a tool and a tool not taken, and so on. Each committed tool costs a
-    maximum over the open asks' rows (``bench/bench_lexical.py``).
+    maximum over the open asks' rows (``bench/bench_asks.py``).
 
     >>> import numpy as np
     >>> asks = np.array([[3.0, 2.75, 0.0], [2.0, 2.5, 1.0]], np.float32)
@@ -402,7 +402,6 @@ class Ranker:
         blended: npt.NDArray[np.float32] = ((1 - blend) * self.prior_scores(list(asks), prior)
                                             + blend * scores).astype(np.float32)
         return blended
-
 
     def reach(self, query: str, scores: npt.NDArray[np.float32], prior: str | None = None, *,
               k: int | None = None) -> npt.NDArray[np.float32]:
