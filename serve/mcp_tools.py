@@ -12,7 +12,7 @@ tenant lists its own with ``GET /v1/registries``).
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
@@ -20,6 +20,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
+from tooltrie.ranker import PriorName, RankerName
 from tooltrie.serve.errors import ServeError
 from tooltrie.serve.policy import Tenant
 from tooltrie.serve.request import Request
@@ -62,8 +63,8 @@ def mcp_server(service: DiscoveryService) -> MCPServer:
         allow: Annotated[list[str] | None, Field(description=ALLOW_HELP, strict=True)] = None,
         deny: Annotated[list[str] | None, Field(description=DENY_HELP, strict=True)] = None,
         prefilter: Annotated[int | None, Field(description=PREFILTER_HELP, strict=True)] = None,
-        ranker: Annotated[Literal["model", "retrieval", "fused"] | None, Field(description=RANKER_HELP)] = None,
-        prior: Annotated[Literal["dense", "lexical", "hybrid"] | None, Field(description=PRIOR_HELP)] = None,
+        ranker: Annotated[RankerName | None, Field(description=RANKER_HELP)] = None,
+        prior: Annotated[PriorName | None, Field(description=PRIOR_HELP)] = None,
     ) -> DiscoverResponse:
         scope = getattr(ctx.request_context.request, "scope", {})
         tenant = scope.get(TENANT_SCOPE_KEY)

@@ -7,10 +7,9 @@ misspelt ``registy`` would otherwise be ignored silently).
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import BaseModel, ConfigDict, Field
 
+from tooltrie.ranker import PriorName, RankerName
 from tooltrie.serve.limits import ServeLimits
 
 _DEFAULTS = ServeLimits()
@@ -45,8 +44,8 @@ class DiscoverBody(BaseModel):
     allow: list[str] | None = Field(default=None, description=ALLOW_HELP)
     deny: list[str] = Field(default_factory=list, description=DENY_HELP)
     prefilter: int | None = Field(default=None, description=PREFILTER_HELP)
-    ranker: Literal["model", "retrieval", "fused"] | None = Field(default=None, description=RANKER_HELP)
-    prior: Literal["dense", "lexical", "hybrid"] | None = Field(default=None, description=PRIOR_HELP)
+    ranker: RankerName | None = Field(default=None, description=RANKER_HELP)
+    prior: PriorName | None = Field(default=None, description=PRIOR_HELP)
 
 
 class ToolPointer(BaseModel):

@@ -591,3 +591,14 @@ def test_real_default_model_answers_alone_and_together(tmp_path: Path) -> None:
     for (_, k), first, reply in zip(asks, alone, batched, strict=True):
         check_answer(first, catalog(), k)
         assert reply.status_code == 200 and same_answer(reply.json(), first)
+
+
+def test_the_request_schema_offers_the_rankers_and_priors_the_ranker_knows() -> None:
+    """The body's ``ranker`` and ``prior`` are the ranker module's types: the schema's choices are its names."""
+    from tooltrie.ranker import PRIORS, RANKERS
+    from tooltrie.serve.schema import DiscoverBody
+
+    properties = DiscoverBody.model_json_schema()["properties"]
+    for key, names in (("ranker", RANKERS), ("prior", PRIORS)):
+        choices = [option["enum"] for option in properties[key]["anyOf"] if "enum" in option]
+        assert choices == [list(names)], (key, properties[key])

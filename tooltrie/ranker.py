@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from tooltrie.errors import TooltrieError
 
@@ -60,8 +60,11 @@ if TYPE_CHECKING:  # numpy is imported where it is used: the CLI reads this modu
     from tooltrie.lexical import LexicalIndex
     from tooltrie.registry.model import Registry, Tool
 
-RANKERS = ("model", "retrieval", "fused")
-PRIORS = ("dense", "lexical", "hybrid")
+# The rankers and the priors, named once: the request schemas (HTTP, MCP) take these types, the checks these tuples.
+RankerName = Literal["model", "retrieval", "fused"]
+PriorName = Literal["dense", "lexical", "hybrid"]
+RANKERS: tuple[str, ...] = get_args(RankerName)
+PRIORS: tuple[str, ...] = get_args(PriorName)
 DEFAULT_PRIOR = "hybrid"
 ENCODER = "all-MiniLM-L6-v2"
 # The hybrid prior's weights on the dense and the lexical z-scores. Chosen leave one registry out on the five
@@ -558,6 +561,6 @@ def lexical_path(artifact_path: str | Path) -> Path:
 
 
 __all__ = ["ASKS", "DEFAULT_PRIOR", "FOLLOW", "FOLLOW_REVISION", "HYBRID", "NO_ADAPTER", "PRIORS", "RANKERS",
-           "SERVE_TRAINED", "UNTRAINED", "FollowUp", "PerAsk", "Prior", "Ranker", "RankerError", "Weights",
-           "check_prior", "check_ranker", "embeddings_path", "follow_version", "lexical_path", "needs_encoder",
-           "prior_parts", "ranker_for", "standardized"]
+           "SERVE_TRAINED", "UNTRAINED", "FollowUp", "PerAsk", "Prior", "PriorName", "Ranker", "RankerError",
+           "RankerName", "Weights", "check_prior", "check_ranker", "embeddings_path", "follow_version", "lexical_path",
+           "needs_encoder", "prior_parts", "ranker_for", "standardized"]
