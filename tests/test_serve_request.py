@@ -63,9 +63,10 @@ class _CountingRanker(Ranker):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.rows: list[str | None] = []
 
-    def row(self, query: str, name: str, *, prior: str | None = None, scores: object = None) -> Prior:
+    def row(self, query: str, name: str, *, k: int | None = None, prior: str | None = None,
+            scores: object = None) -> Prior:
         self.rows.append(prior)
-        return super().row(query, name, prior=prior, scores=scores)  # type: ignore[arg-type]
+        return super().row(query, name, k=k, prior=prior, scores=scores)  # type: ignore[arg-type]
 
 
 def test_an_admitted_prior_is_used_only_where_it_was_made_for(smollm: TokenizerInfo) -> None:
