@@ -490,13 +490,16 @@ class Ranker:
 
     def kept(self) -> dict[str, tuple[Path, bool]]:
         """Each part of the prior kept in a file (``lexical``, ``embeddings``): the file, and whether it holds this
-        registry version's (read, never made here). No file configured: the part is not listed."""
+        registry version's (read, never made here). No file configured, or no torch to make embeddings with (the
+        model extra): the part is not listed."""
+        import importlib.util
+
         parts: dict[str, tuple[Path, bool]] = {}
         if self.lexical_path is not None:
             from tooltrie.lexical import LexicalIndex
 
             parts["lexical"] = (self.lexical_path, LexicalIndex.read(self.registry, self.lexical_path) is not None)
-        if self.embeddings_path is not None:
+        if self.embeddings_path is not None and importlib.util.find_spec("torch") is not None:
             parts["embeddings"] = (self.embeddings_path, self._kept_embeddings() is not None)
         return parts
 
