@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 from _common import REPO_DIR, print_table, summarize, write_results
+from _study import SETS
 from bench_lexical import synthetic_registry
 
 from tooltrie.asks import split_asks
@@ -43,8 +44,9 @@ def per_request(repeats: int) -> dict[str, Any]:
     kept = REPO_DIR / "build" / "bench_asks" / "bfcl.embeddings.safetensors"  # the tools embedded once, for both
     rankers = {asks: Ranker(registry, fused=UNTRAINED, asks=asks, encoder=encoder, embeddings_path=kept)
                for asks in (True, False)}
-    sets = {"compound": [q.query for split in ("validation", "test") for q in load_split("bfcl-compound", split)],
-            "plain": [q.query for q in load_split("bfcl", "validation")][:100]}
+    sets = {"compound": [q.query for name in SETS["bfcl"]["compound"] for split in ("validation", "test")
+                         for q in load_split(name, split)],
+            "plain": [q.query for name in SETS["bfcl"]["plain"] for q in load_split(name, "validation")][:100]}
     for ranker in rankers.values():  # warm: the lexical index, the encoder's first passes
         ranker.row(sets["compound"][0], "fused")
     results: dict[str, Any] = {}
@@ -67,7 +69,7 @@ def per_request(repeats: int) -> dict[str, Any]:
 def per_finished_tool(repeats: int, asks: int = 4) -> dict[str, Any]:
     registry = synthetic_registry(100_000)
     ranker = Ranker(registry, prior="lexical", fused=Weights(model=1.0, retrieval=1.0), asks=False)
-    queries = [q.query for q in load_split("bfcl-compound", "validation")][:20]
+    queries = [q.query for name in SETS["bfcl"]["compound"] for q in load_split(name, "validation")][:20]
     rng = np.random.default_rng(0)
     samples: dict[str, list[float]] = {f"{n} committed": [] for n in range(1, asks + 1)}
     for query in queries:

@@ -1,7 +1,7 @@
 """Embedding a registry's tools from cold with all-MiniLM-L6-v2 (``SentenceEncoder.encode``): the texts in batches
-of their own order (each batch padded to its longest text, as before) against batches by length (the texts sorted by
-their token counts: little padding), taking turns, on the machine's threads. The two give the same vectors (the
-largest difference is printed).
+of their own order (``by_length=False``: each batch padded to its longest text, as before) against batches by length
+(the texts sorted by their token counts: little padding), taking turns, on the machine's threads. The two give the
+same vectors (the largest difference is printed).
 
     .venv/bin/python bench/bench_embed.py [--tools 1853] [--repeats 2]
 """
@@ -19,13 +19,6 @@ from tooltrie.registry import BFCL_PATH, load_registry
 from tooltrie.retrieval import SentenceEncoder, tool_text
 
 
-def in_order(encoder: SentenceEncoder, texts: Sequence[str]) -> torch.Tensor:
-    """The texts embedded in batches of their own order."""
-    encodings = encoder._tokenizer.encode_batch(list(texts))
-    return torch.cat([encoder._encode_batch(encodings[i : i + encoder.batch_size])
-                      for i in range(0, len(texts), encoder.batch_size)])
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tools", type=int, default=1853, help="the first N of BFCL's tools (default: all 1,853)")
@@ -35,9 +28,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     texts = [tool_text(tool) for tool in load_registry(BFCL_PATH).tools][: args.tools]
     encoder = SentenceEncoder()
     encoder.encode(texts[:8])  # warm: the model loaded, the first passes
-    gap = float((in_order(encoder, texts) - encoder.encode(texts)).abs().max())
-    times = take_turns({"in order": lambda: in_order(encoder, texts), "by length": lambda: encoder.encode(texts)},
-                       repeats=args.repeats)
+    gap = float((encoder.encode(texts, by_length=False) - encoder.encode(texts)).abs().max())
+    times = take_turns({"in order": lambda: encoder.encode(texts, by_length=False),
+                        "by length": lambda: encoder.encode(texts)}, repeats=args.repeats)
     rows = {arm: median(samples.samples["wall"]) for arm, samples in times.items()}
     print_table([{"batches": arm, "tools": len(texts), "seconds (median)": f"{seconds:.1f}",
                   "tools/s": f"{len(texts) / seconds:.0f}"} for arm, seconds in rows.items()],

@@ -59,6 +59,7 @@ def test_embeddings_are_mean_pooled_over_the_real_tokens(tiny_bert: Path) -> Non
     assert embeddings.shape == (4, 32)
     for row, text in zip(embeddings, texts, strict=True):
         torch.testing.assert_close(row, _brute_embedding(tiny_bert, text), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(encoder.encode(texts, by_length=False), embeddings, rtol=1e-5, atol=1e-5)
     assert encoder.encode([]).shape == (0, 32)
 
 

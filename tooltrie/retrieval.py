@@ -104,14 +104,16 @@ class SentenceEncoder:
                                  f"{exc}") from exc
         return model.eval()
 
-    def encode(self, texts: Sequence[str]) -> torch.Tensor:
+    def encode(self, texts: Sequence[str], *, by_length: bool = True) -> torch.Tensor:
         """[len(texts), dim] float32 unit vectors. Batched by length (the texts sorted by their token counts, each
-        batch padded to its longest): BFCL's 1,853 tools embed 3.1 times faster than in their own order on 2 threads,
-        the vectors the same to 2e-7 (``bench/bench_embed.py``)."""
+        batch padded to its longest; ``by_length=False``: in their own order): BFCL's 1,853 tools embed 3.1 times
+        faster than in their own order on 2 threads, the vectors the same to 2e-7 (``bench/bench_embed.py``)."""
         if not texts:
             return torch.zeros((0, int(self._model.config.hidden_size)))
         encodings = self._tokenizer.encode_batch(list(texts))
-        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+        order = list(range(len(texts)))
+        if by_length:
+            order.sort(key=lambda i: len(encodings[i].ids))
         vectors = torch.empty((len(texts), int(self._model.config.hidden_size)))
         for start in range(0, len(order), self.batch_size):
             rows = order[start : start + self.batch_size]
