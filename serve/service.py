@@ -36,6 +36,7 @@ from tooltrie.compiler.sources import artifact_from
 from tooltrie.errors import DecodeError, RegistryError, TooltrieError
 from tooltrie.ranker import (
     DEFAULT_PRIOR,
+    PerAsk,
     Prior,
     Ranker,
     RankerError,
@@ -481,8 +482,9 @@ class DiscoveryService:
                 scores = retriever.prior_scores([query], kind)[0]
             if ranker != "model":
                 prior = retriever.row(query, ranker, k=k, prior=kind, scores=scores)
-            if n is not None and scores is not None:
-                reach = retriever.reach(query, scores, kind, k=k)
+            if n is not None and scores is not None:  # a prior of several asks has them scored already
+                reach = prior.follow.reach() if prior is not None and isinstance(prior.follow, PerAsk) else (
+                    retriever.reach(query, scores, kind, k=k))
         except Exception as exc:  # the encoder or the lexical index failed: the service's fault, not the request's
             raise UnavailableError(f"the retrieval prior failed: {type(exc).__name__}: {exc}") from exc
         if n is None or reach is None:

@@ -172,3 +172,14 @@ def test_bad_input_gives_k_distinct_tools(query: str) -> None:
     for k in (1, 3, 4):  # fewer tools than the asks, more, all of them
         got = decode(artifact, "cpu", k, made.scores, made.follow)
         assert len(set(got)) == k
+
+
+def test_a_made_prior_keeps_the_tools_a_pre_filter_would() -> None:
+    """``PerAsk.reach`` (admission, from the prior it made) orders the tools as ``Ranker.reach`` (from the scores)."""
+    ranker = Ranker(load_registry(CATALOG_PATH), fused=Weights(model=1.0, retrieval=3.0), encoder=MadeUpEncoder())
+    for query in ASKED:
+        made = ranker.row(query, "fused", k=3)
+        assert isinstance(made.follow, PerAsk)
+        scores = ranker.prior_scores([query])[0]
+        np.testing.assert_array_equal(np.argsort(-made.follow.reach(), kind="stable"),
+                                      np.argsort(-ranker.reach(query, scores, k=3), kind="stable"))

@@ -163,9 +163,9 @@ def _keep_prior(artifact: Any, path: Path, *, embed: bool) -> None:
     import time
 
     from tooltrie.embeddings import EmbeddingProgress
-    from tooltrie.ranker import Ranker, embeddings_path, lexical_path
+    from tooltrie.ranker import UNTRAINED, embeddings_path, lexical_path, ranker_for
 
-    ranker = Ranker(artifact.registry, embeddings_path=embeddings_path(path), lexical_path=lexical_path(path))
+    ranker = ranker_for(artifact, path, UNTRAINED)
     ranker.progress = EmbeddingProgress(f"{path.name}: embedding")
     if importlib.util.find_spec("bm25s") is None:
         print(f"{path}: no lexical index kept (bm25s is not installed: the model extra)", file=sys.stderr)
@@ -196,11 +196,10 @@ def _inspect(args: argparse.Namespace) -> int:
 def _prior_kept(artifact: Any, path: Path) -> dict[str, str]:
     """Which of the prior's parts are kept beside the artifact for its registry version: "ready", "missing", or
     "stale" (a file of another registry version, or unreadable: made again on first use)."""
-    from tooltrie.ranker import Ranker, embeddings_path, lexical_path
+    from tooltrie.ranker import UNTRAINED, ranker_for
 
-    ranker = Ranker(artifact.registry, embeddings_path=embeddings_path(path), lexical_path=lexical_path(path))
     return {part: ("ready" if ready else "stale" if file.is_file() else "missing")
-            for part, (file, ready) in ranker.kept().items()}
+            for part, (file, ready) in ranker_for(artifact, path, UNTRAINED).kept().items()}
 
 
 def _decode(args: argparse.Namespace) -> int:

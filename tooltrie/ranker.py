@@ -243,6 +243,13 @@ class PerAsk:
         """The answer of k tools by this prior alone (``FollowUp.top``)."""
         return _top(self, k)
 
+    def reach(self) -> npt.NDArray[np.float32]:
+        """Each tool's best over the asks and the whole request: ``Ranker.reach``'s order, from what is made."""
+        import numpy as np
+
+        best: npt.NDArray[np.float32] = np.maximum(self.whole, self.asks.max(axis=0))
+        return best
+
 
 def _top(follow: Callable[[tuple[int, ...]], npt.ArrayLike], k: int) -> list[int]:
     """The k tools a prior that follows its answer answers alone: each the best unused tool by the prior made from
