@@ -15,7 +15,7 @@ DEFAULT_EVAL_ARMS = "engine,hf,unconstrained,xgrammar"
 
 def add_commands(commands: Any) -> None:
     """Register the subcommands on ``tooltrie``'s subparsers."""
-    from tooltrie.options import add_ranker_options, add_separator_option
+    from tooltrie.options import add_quiet_option, add_ranker_options, add_separator_option
 
     ev = commands.add_parser("eval", help="score a model and an artifact on labelled queries, per arm")
     ev.add_argument("--dataset", default="metatool-single",
@@ -53,6 +53,7 @@ def add_commands(commands: Any) -> None:
                     help="a request that asks several things is ranked as one ask: no tool per ask first (to measure "
                          "what the asks add; ranker.PerAsk)")
     ev.add_argument("--no-plots", dest="plots", action="store_false")
+    add_quiet_option(ev)
     ev.add_argument("-o", "--output", type=Path, required=True,
                     help="directory for results.json, answers.jsonl, report.md, PNGs")
     ev.set_defaults(run=_eval)
@@ -129,6 +130,7 @@ def _eval(args: argparse.Namespace) -> int:
     from tooltrie.eval.datasets import DatasetError, check_labels, load_split
     from tooltrie.eval.harness import evaluate
     from tooltrie.eval.report import write_results
+    from tooltrie.progress import Progress
     from tooltrie.ranker import needs_encoder, ranker_for
     from tooltrie.ranker_policy import auto_ranker, fused_weights
     from tooltrie.registry import CATALOG_PATH
@@ -166,7 +168,8 @@ def _eval(args: argparse.Namespace) -> int:
     ranked = "fused" in arms or ("engine" in arms and ranker != "model") or any(a in PRIOR_ARMS for a in arms)
     weights = args.fused_weights or fused_weights(info.adapter, artifact)
     retrieval = ranker_for(artifact, args.artifact or args.registry, weights, prior=args.prior, follow=args.follow,
-                           asks=args.asks) if ranked else None
+                           asks=args.asks, progress=Progress(f"{artifact.registry.name}: embedding", unit="tool",
+                                                             quiet=args.quiet)) if ranked else None
     setup = EvalSetup(model=model, tokenizer=tokenizer, artifact=artifact, prompt=Prompt.style(style),
                       batch_size=args.batch, max_new_tokens=args.max_new_tokens, model_path=info.path,
                       artifact_path=args.artifact,
@@ -177,7 +180,7 @@ def _eval(args: argparse.Namespace) -> int:
             "adapter": None if info.adapter is None else str(info.adapter.path),
             "sample": args.sample, "ranker": ranker, "ranker_asked": args.ranker, "prior": args.prior,
             "fused_weights": weights.as_dict(), "follow": args.follow, "asks": args.asks}
-    results = evaluate(queries, arms, setup, meta=meta)
+    results = evaluate(queries, arms, setup, meta=meta, progress=not args.quiet)
     paths = write_results(results, args.output, plots=args.plots)
     for arm, data in results["arms"].items():
         summary = data["summary"]

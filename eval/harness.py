@@ -18,13 +18,12 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from tqdm import tqdm
-
 from tooltrie.eval.backends import Arm, EvalSetup, Prediction, make_arm
 from tooltrie.eval.datasets import LabelledQuery
 from tooltrie.eval.results import FORMAT, VERSION
 from tooltrie.eval.scoring import Outcome, score, summarize
 from tooltrie.kernels.matcher import TrieMatcher
+from tooltrie.progress import Progress
 
 PLAIN = "plain"  # the kind of a query that has none: worded like the registry
 
@@ -55,20 +54,21 @@ def evaluate(queries: Sequence[LabelledQuery], arms: Sequence[str], setup: EvalS
     batches = _batches(queries, setup.batch_size)
     names = set(setup.artifact.registry.names)
     contract = setup.artifact.contract
-    with tqdm(total=len(queries) * len(arms), desc="eval", unit="answer", disable=not progress) as bar:
-        for batch in batches:
-            items = [queries[i] for i in batch]
-            for name, arm in runners.items():
-                started = time.perf_counter()
-                predictions = arm.predict(items)
-                per_answer = (time.perf_counter() - started) * 1e3 / len(items)
-                for i, prediction in zip(batch, predictions, strict=True):
-                    result = results[name]
-                    result.predictions[i] = prediction
-                    result.outcomes[i] = score(prediction.text, queries[i].tools, names=names, contract=contract)
-                    result.latencies_ms[i] = per_answer
-                    result.trie_accepted[i] = trie_accepts(setup, prediction.token_ids, queries[i].k)
-                bar.update(len(items))
+    show, done = Progress("eval", unit="answer", quiet=not progress), 0
+    for batch in batches:
+        items = [queries[i] for i in batch]
+        for name, arm in runners.items():
+            started = time.perf_counter()
+            predictions = arm.predict(items)
+            per_answer = (time.perf_counter() - started) * 1e3 / len(items)
+            for i, prediction in zip(batch, predictions, strict=True):
+                result = results[name]
+                result.predictions[i] = prediction
+                result.outcomes[i] = score(prediction.text, queries[i].tools, names=names, contract=contract)
+                result.latencies_ms[i] = per_answer
+                result.trie_accepted[i] = trie_accepts(setup, prediction.token_ids, queries[i].k)
+            done += len(items)
+            show(done, len(queries) * len(arms))
     return _results_object(queries, results, setup, meta or {})
 
 

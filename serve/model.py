@@ -33,6 +33,7 @@ import torch
 
 from tooltrie.compiler import provenance
 from tooltrie.errors import ModelError
+from tooltrie.precision import native_bf16 as _native_bf16
 from tooltrie.serve import gguf as gguf_source
 from tooltrie.serve.adapter import AdapterError, AdapterRecord, is_adapter_dir, merge_adapter, read_adapter
 from tooltrie.serve.gguf import (
@@ -102,13 +103,6 @@ def serving_dtype(name: str = "auto") -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if _native_bf16() else torch.float32
     return torch.bfloat16 if name == "bfloat16" else torch.float32
-
-
-def _native_bf16() -> bool:
-    try:  # a private helper of torch (its own tests use it), so a missing one means "no"
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 def default_model_cache_dir() -> Path:

@@ -5,14 +5,13 @@ embeddings resume the same way."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import numpy as np
 import pytest
 from support.encoders import MadeUpEncoder
 
-from tooltrie.embeddings import EmbeddingProgress, embed_texts
+from tooltrie.embeddings import embed_texts
 from tooltrie.kept import read_kept
 from tooltrie.ranker import Ranker
 from tooltrie.registry import make_registry
@@ -75,19 +74,6 @@ def test_a_chunk_that_does_not_read_back_is_made_again(tmp_path: Path, damage: s
     expected_encoded = TEXTS[:4] + TEXTS[8:] if damage == "cut short" else TEXTS
     assert again.encoded == expected_encoded
     np.testing.assert_array_equal(made, MadeUpEncoder().encode(TEXTS).numpy())
-
-
-def test_progress_is_a_line_per_chunk_off_a_terminal_and_nothing_when_quiet() -> None:
-    out = io.StringIO()
-    show = EmbeddingProgress("tools", stream=out)
-    for done in (4, 8, 10):
-        show(done, 10)
-    lines = out.getvalue().splitlines()
-    assert len(lines) == 3 and lines[0].startswith("tools: 4/10 tools (") and "s left" in lines[0]
-    assert lines[-1].startswith("tools: 10/10 tools (") and "left" not in lines[-1]
-    quiet = io.StringIO()
-    EmbeddingProgress("tools", quiet=True, stream=quiet)(4, 10)
-    assert quiet.getvalue() == ""
 
 
 def test_the_rankers_embeddings_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

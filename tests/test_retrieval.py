@@ -54,7 +54,7 @@ def _brute_embedding(directory: Path, text: str) -> torch.Tensor:
 
 def test_embeddings_are_mean_pooled_over_the_real_tokens(tiny_bert: Path) -> None:
     texts = ["weather in paris today", "news", "book a flight for the hotel in paris ?", "rain"]
-    encoder = SentenceEncoder(tiny_bert, batch_size=3)  # two batches, padded differently
+    encoder = SentenceEncoder(tiny_bert, batch_size=3, precision="float32")  # two batches, padded differently
     embeddings = encoder.encode(texts)
     assert embeddings.shape == (4, 32)
     for row, text in zip(embeddings, texts, strict=True):
@@ -63,9 +63,26 @@ def test_embeddings_are_mean_pooled_over_the_real_tokens(tiny_bert: Path) -> Non
     assert encoder.encode([]).shape == (0, 32)
 
 
+def test_bfloat16_embeds_close_to_float32_and_auto_follows_the_cpu(tiny_bert: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = ["weather in paris today", "news", "book a flight for the hotel in paris ?", "rain"]
+    half = SentenceEncoder(tiny_bert, batch_size=3, precision="bfloat16")
+    embeddings = half.encode(texts)
+    assert embeddings.dtype == torch.float32 and half._model.dtype == torch.bfloat16  # pooled in float32
+    reference = torch.stack([_brute_embedding(tiny_bert, text) for text in texts])
+    assert float((embeddings * reference).sum(-1).min()) > 0.99
+    import tooltrie.precision as precision
+
+    for native, expected in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(precision, "native_bf16", lambda native=native: native)
+        assert SentenceEncoder(tiny_bert).precision == expected
+    with pytest.raises(RetrievalError, match="unknown precision 'float16'"):
+        SentenceEncoder(tiny_bert, precision="float16")
+
+
 def test_tools_are_ranked_by_cosine_similarity(tiny_bert: Path) -> None:
     registry = make_registry(TOOLS, name="tiny")
-    retriever = EmbeddingRetriever(registry, encoder=SentenceEncoder(tiny_bert))
+    retriever = EmbeddingRetriever(registry, encoder=SentenceEncoder(tiny_bert, precision="float32"))
     queries = ["weather forecast for paris", "find news on the web", "book a hotel", "users"]
     tools = torch.stack([_brute_embedding(tiny_bert, tool_text(tool)) for tool in registry.tools])
     for query, ranked in zip(queries, retriever.rank_many(queries, k=4), strict=True):

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tooltrie.errors import TooltrieError
-from tooltrie.options import add_ranker_options, add_separator_option
+from tooltrie.options import add_quiet_option, add_ranker_options, add_separator_option
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -34,6 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              help="also embed every tool with all-MiniLM-L6-v2 and keep the embeddings beside the "
                                   "artifact (the dense and hybrid priors' first request would otherwise make them); "
                                   "the lexical index is kept there always (with bm25s, the model extra)")
+    add_quiet_option(compile_cmd)
     compile_cmd.set_defaults(run=_compile)
 
     inspect_cmd = commands.add_parser("inspect", help="print an artifact's header, placement, the prior's parts kept "
@@ -66,6 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ask_cmd.add_argument("--json", action="store_true", help="print the discovery endpoint's JSON object")
     add_ranker_options(ask_cmd)
     _add_dtype_option(ask_cmd)
+    add_quiet_option(ask_cmd)
     ask_cmd.set_defaults(run=_ask)
 
     serve_cmd = commands.add_parser("serve", help="serve discovery over HTTP and MCP (default: catalog, SmolLM2)")
@@ -146,27 +148,28 @@ def _compile(args: argparse.Namespace) -> int:
     problems: list[Problem] = []  # every entry's problems, reported with the compiler's in one pass
     registry = load_registry(args.registry, problems=problems, require_descriptions=args.require_descriptions)
     tokenizer = TokenizerInfo.load(args.tokenizer)
-    artifact = compile_registry(registry, tokenizer, Contract(separator=args.separator), problems=problems)
+    artifact = compile_registry(registry, tokenizer, Contract(separator=args.separator), problems=problems,
+                                progress=False if args.quiet else None)
     artifact.save(args.output)
     trie = artifact.trie
     print(f"{args.output}: {trie.n_tools} tools, {trie.n_nodes} nodes, {trie.n_edges} edges, "
           f"{trie.device_bytes} device bytes, placement {artifact.placement()}", file=sys.stderr)
-    _keep_prior(artifact, args.output, embed=args.embed)
+    _keep_prior(artifact, args.output, embed=args.embed, quiet=args.quiet)
     return 0
 
 
-def _keep_prior(artifact: Any, path: Path, *, embed: bool) -> None:
+def _keep_prior(artifact: Any, path: Path, *, embed: bool, quiet: bool) -> None:
     """The prior's parts made now and kept beside the artifact at ``path`` (``ranker.lexical_path``,
     ``embeddings_path``), where ``ask`` and ``serve`` read them: the lexical index (when bm25s is installed) and,
-    with ``embed``, the tools' embeddings."""
+    with ``embed``, the tools' embeddings (their progress shown unless ``quiet``)."""
     import importlib.util
     import time
 
-    from tooltrie.embeddings import EmbeddingProgress
+    from tooltrie.progress import Progress
     from tooltrie.ranker import UNTRAINED, embeddings_path, lexical_path, ranker_for
 
-    ranker = ranker_for(artifact, path, UNTRAINED)
-    ranker.progress = EmbeddingProgress(f"{path.name}: embedding")
+    ranker = ranker_for(artifact, path, UNTRAINED,
+                        progress=Progress(f"{path.name}: embedding", unit="tool", quiet=quiet))
     if importlib.util.find_spec("bm25s") is None:
         print(f"{path}: no lexical index kept (bm25s is not installed: the model extra)", file=sys.stderr)
     else:
@@ -226,6 +229,7 @@ def _ask(args: argparse.Namespace) -> int:
 
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.compiler.sources import artifact_from, registry_of
+    from tooltrie.progress import Progress
     from tooltrie.ranker import needs_encoder, ranker_for
     from tooltrie.ranker_policy import auto_ranker, fused_weights
     from tooltrie.registry import CATALOG_PATH
@@ -247,7 +251,9 @@ def _ask(args: argparse.Namespace) -> int:
     retrieval = not needs_encoder(args.prior) or locate_minilm() is not None  # lexical needs only bm25s
     ranked = auto_ranker(info.adapter, artifact, retrieval=retrieval) if args.ranker == "auto" else args.ranker
     weights = args.fused_weights or fused_weights(info.adapter, artifact)
-    ranker = None if ranked == "model" else ranker_for(artifact, source, weights, prior=args.prior)
+    ranker = None if ranked == "model" else ranker_for(  # embedding a registry's tools the first time takes a while
+        artifact, source, weights, prior=args.prior,
+        progress=Progress(f"{Path(source).name}: embedding", unit="tool", quiet=args.quiet))
     engine = Engine(model, tokenizer, artifact, prompt=Prompt.style(info.prompt_style), ranker=ranker)
     answer = engine.run([Request(args.query, args.k, ranker=ranked)])[0]
     body = answer.response()

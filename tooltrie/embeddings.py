@@ -7,16 +7,14 @@ every chunk that holds what it expects and makes the others. A chunk that does n
 made for another registry version, encoder or chunk size) is made again, never used. Once every chunk is there the
 embeddings are kept in the final file and the chunks removed.
 
-Progress (``progress``, called after each chunk with the tools done and the total) is what a command shows: a bar on
-a terminal, a line per chunk elsewhere (``EmbeddingProgress``).
+Progress (``progress``, called after each chunk with the tools done and the total) is what a command shows
+(``tooltrie/progress.py``).
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
-import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,14 +23,14 @@ import numpy as np
 import numpy.typing as npt
 
 from tooltrie.kept import keep, read_kept
+from tooltrie.progress import OnProgress
 
 CHUNK = 2048  # tools a chunk: what a stopped run may lose (about 20 s of all-MiniLM-L6-v2 on 2 cores)
-Progress = Callable[[int, int], None]  # (tools embedded so far, all tools)
 logger = logging.getLogger(__name__)
 
 
 def embed_texts(encode: Callable[[list[str]], Any], texts: Sequence[str], path: Path | None,
-                key: Mapping[str, str], *, progress: Progress | None = None,
+                key: Mapping[str, str], *, progress: OnProgress | None = None,
                 chunk: int | None = None) -> npt.NDArray[np.float32]:
     """[len(texts), dim] the texts' embeddings by ``encode`` (a list of texts to a tensor or array of unit vectors),
     made ``chunk`` (default ``CHUNK``) at a time; with ``path``, each chunk kept as made and read back by a run that
@@ -78,32 +76,4 @@ def _array(vectors: Any) -> npt.NDArray[np.float32]:
     return np.asarray(vectors.numpy() if hasattr(vectors, "numpy") else vectors, dtype=np.float32)
 
 
-class EmbeddingProgress:
-    """How a command shows embedding's progress: a bar with the rate and the time left on a terminal (tqdm), else a
-    line per chunk (tools done, the rate, the time left); nothing when ``quiet``."""
-
-    def __init__(self, what: str, *, quiet: bool = False, stream: Any = None) -> None:
-        self.what, self.quiet = what, quiet
-        self.stream = sys.stderr if stream is None else stream
-        self._bar: Any = None
-        self._began = time.perf_counter()
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.quiet:
-            return
-        if self.stream.isatty():
-            if self._bar is None:
-                from tqdm import tqdm
-
-                self._bar = tqdm(total=total, desc=self.what, unit="tool", file=self.stream)
-            self._bar.update(done - self._bar.n)
-            if done >= total:
-                self._bar.close()
-            return
-        elapsed = time.perf_counter() - self._began
-        rate = done / elapsed if elapsed > 0 else 0.0
-        left = f", {(total - done) / rate:.0f} s left" if rate and done < total else ""
-        print(f"{self.what}: {done:,}/{total:,} tools ({rate:.0f}/s{left})", file=self.stream, flush=True)
-
-
-__all__ = ["CHUNK", "EmbeddingProgress", "Progress", "embed_texts"]
+__all__ = ["CHUNK", "embed_texts"]

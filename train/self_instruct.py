@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from tooltrie.eval.datasets import LabelledQuery
+from tooltrie.progress import OnProgress
 from tooltrie.registry.model import Registry, Tool
 from tooltrie.retrieval import tool_text
 
@@ -73,9 +74,10 @@ def written_requests(registry: Registry, generate: Generate, similarities: Calla
 
 
 def hf_generate(model: Any, tokenizer: Any, *, seed: int = 0, batch_size: int = BATCH_SIZE,
-                max_new_tokens: int = MAX_NEW_TOKENS, sample: bool = True) -> Generate:
+                max_new_tokens: int = MAX_NEW_TOKENS, sample: bool = True,
+                progress: OnProgress | None = None) -> Generate:
     """A ``Generate`` writing one line per prompt with a Hugging Face causal LM: sampled (temperature 0.7, top-p 0.9,
-    seeded), or greedy without ``sample``.
+    seeded), or greedy without ``sample``; ``progress`` told the prompts done after each batch.
 
     The prompts' common prefix (the few-shot part) is run once; its key/value cache is repeated for each batch of
     prompts of one length, so nothing is padded and only each tool's own text is computed.
@@ -95,6 +97,7 @@ def hf_generate(model: Any, tokenizer: Any, *, seed: int = 0, batch_size: int = 
         with torch.inference_mode():
             prefix = model(input_ids=torch.tensor([rows[0][:shared]]), use_cache=True).past_key_values
         by_length: dict[int, list[int]] = {}
+        done = 0
         for i, row in enumerate(rows):
             by_length.setdefault(len(row), []).append(i)
         out = [""] * len(prompts)
@@ -112,6 +115,9 @@ def hf_generate(model: Any, tokenizer: Any, *, seed: int = 0, batch_size: int = 
                 texts = tokenizer.batch_decode(generated[:, length:], skip_special_tokens=True)
                 for i, text in zip(batch, texts, strict=True):
                     out[i] = text
+                done += len(batch)
+                if progress is not None:
+                    progress(done, len(prompts))
         return out
 
     return generate
@@ -123,16 +129,17 @@ def _common_prefix(rows: list[list[int]]) -> int:
                for row in rows)
 
 
-def default_model_requests(registry: Registry, *, per_tool: int = 1, seed: int = 0) -> tuple[list[LabelledQuery], int]:
+def default_model_requests(registry: Registry, *, per_tool: int = 1, seed: int = 0,
+                           progress: OnProgress | None = None) -> tuple[list[LabelledQuery], int]:
     """``written_requests`` by the default instruct model without its adapter (the adapter only names tools), filtered
-    by all-MiniLM-L6-v2 retrieval."""
+    by all-MiniLM-L6-v2 retrieval; ``progress`` told the requests written so far."""
     from transformers import AutoTokenizer
 
     from tooltrie.ranker import Ranker
     from tooltrie.serve.model import load_model
 
     model, info = load_model(None, adapter=False)
-    generate = hf_generate(model, AutoTokenizer.from_pretrained(info.path), seed=seed)
+    generate = hf_generate(model, AutoTokenizer.from_pretrained(info.path), seed=seed, progress=progress)
     return written_requests(registry, generate, Ranker(registry).similarities, per_tool=per_tool, seed=seed)
 
 

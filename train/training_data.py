@@ -43,6 +43,7 @@ from tooltrie.eval.datasets import (
 )
 from tooltrie.eval.files import fresh_directory_beside, replace_directory, write_text
 from tooltrie.kernels.matcher import TrieMatcher
+from tooltrie.progress import OnProgress
 from tooltrie.registry.model import Registry
 from tooltrie.serve.prompt import STYLES, Prompt
 from tooltrie.train.compose import composed_examples
@@ -156,9 +157,10 @@ def generate_training_data(out_dir: str | Path, *, artifact: Artifact, tokenizer
                            queries: Sequence[str], prompt_style: str = "short", seed: int = 0,
                            validation_fraction: float = 0.05, descriptions: bool = True,
                            exclude: Sequence[str | Path] = (), compose: int = 0,
-                           written: Sequence[LabelledQuery] = ()) -> dict[str, Any]:
+                           written: Sequence[LabelledQuery] = (),
+                           progress: OnProgress | None = None) -> dict[str, Any]:
     """Write ``train.jsonl``, ``validation.jsonl`` and ``meta.json`` into ``out_dir`` (replaced atomically);
-    returns the meta object."""
+    returns the meta object. ``progress`` is told the records made so far, of both splits."""
     if prompt_style not in STYLES:
         raise DatasetError(f"unknown prompt style {prompt_style!r}; choose one of {sorted(STYLES)}")
     if not 0 <= validation_fraction < 1:
@@ -169,9 +171,16 @@ def generate_training_data(out_dir: str | Path, *, artifact: Artifact, tokenizer
                               descriptions=descriptions, exclude=exclude, compose=compose, written=written)
     maker = RecordMaker(artifact, tokenizer, prompt)
     splits: dict[str, list[dict[str, Any]]] = {}
-    for split, items in (("train", sources.train), ("validation", sources.validation)):
+    for items in (sources.train, sources.validation):
         check_labels([item for _, item in items], registry)  # every bad label before any work
-        records = [maker.record(item) for _, item in items]
+    made, total = 0, len(sources.train) + len(sources.validation)
+    for split, items in (("train", sources.train), ("validation", sources.validation)):
+        records = []
+        for _, item in items:
+            records.append(maker.record(item))
+            made += 1
+            if progress is not None:
+                progress(made, total)
         random.Random(f"{seed}:{split}").shuffle(records)
         splits[split] = records
     meta = _meta(artifact, tokenizer, prompt, prompt_style, queries, seed, validation_fraction, descriptions,
