@@ -130,3 +130,14 @@ class UnavailableError(ServeError):
 
     status = 503
     code = "unavailable"
+
+
+class WarmingError(UnavailableError):
+    """The server is still making a registry's prior (its tools embedded and indexed): ready in ``retry_after_s``,
+    about (``/healthz`` says "warming" meanwhile)."""
+
+    code = "warming"
+
+    def __init__(self, message: str, *, retry_after_s: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

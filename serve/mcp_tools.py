@@ -28,9 +28,12 @@ from tooltrie.serve.schema import (
     ALLOW_HELP,
     DENY_HELP,
     K_HELP,
+    PIN_HELP,
+    PIN_WITHIN_K_HELP,
     PREFILTER_HELP,
     PRIOR_HELP,
     QUERY_HELP,
+    QUERY_NAMES_HELP,
     RANKER_HELP,
     REGISTRY_HELP,
     DiscoverResponse,
@@ -56,7 +59,7 @@ def mcp_server(service: DiscoveryService) -> MCPServer:
                               "exactly k distinct tools that exist in the registry, each with a pointer to where "
                               f"it lives. Registries served: {served}."))
     async def discover_tools(
-        query: Annotated[str, Field(description=QUERY_HELP, strict=True)],
+        query: Annotated[str, Field(description=f"{QUERY_HELP} {QUERY_NAMES_HELP}", strict=True)],
         k: Annotated[int, Field(description=K_HELP, strict=True)],
         ctx: Context,
         registry: Annotated[str | None, Field(description=REGISTRY_HELP, strict=True)] = None,
@@ -65,12 +68,14 @@ def mcp_server(service: DiscoveryService) -> MCPServer:
         prefilter: Annotated[int | None, Field(description=PREFILTER_HELP, strict=True)] = None,
         ranker: Annotated[RankerName | None, Field(description=RANKER_HELP)] = None,
         prior: Annotated[PriorName | None, Field(description=PRIOR_HELP)] = None,
+        pin: Annotated[list[str] | None, Field(description=PIN_HELP, strict=True)] = None,
+        pin_within_k: Annotated[bool, Field(description=PIN_WITHIN_K_HELP, strict=True)] = True,
     ) -> DiscoverResponse:
         scope = getattr(ctx.request_context.request, "scope", {})
         tenant = scope.get(TENANT_SCOPE_KEY)
         ask = Request(query, k, registry, allow=None if allow is None else tuple(allow), deny=tuple(deny or ()),
-                      prefilter=prefilter, ranker=ranker, prior_kind=prior,
-                      tenant=tenant if isinstance(tenant, Tenant) else None)
+                      prefilter=prefilter, ranker=ranker, prior_kind=prior, pin=tuple(pin or ()),
+                      pin_within_k=pin_within_k, tenant=tenant if isinstance(tenant, Tenant) else None)
         try:
             body = await service.discover(ask)
         except ServeError as exc:

@@ -11,6 +11,7 @@ an error, since a silently ignored ``alow`` would widen a tenant to every tool):
           catalog:
             allow: [weather, NewsTool]        # tool names or tags; absent: every tool
             deny: [StockTool]                 # tool names or tags taken out of allow
+            pin: [WeatherTool]                # tools always in its answers (within k: serve/first.py)
           bfcl: {}                            # every tool
 
 Requests send ``Authorization: Bearer <key>``. Only sha256 digests of the keys are held in memory, and a presented
@@ -44,7 +45,7 @@ from tooltrie.registry.loader import first_duplicate_key
 MIN_KEY_CHARS = 16  # a plain key shorter than this is guessable; a digest's strength is the operator's business
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
 _TENANT_FIELDS = {"keys", "admin", "registries"}
-_GRANT_FIELDS = {"allow", "deny"}
+_GRANT_FIELDS = {"allow", "deny", "pin"}
 
 
 class PolicyError(TooltrieError, ValueError):
@@ -53,10 +54,12 @@ class PolicyError(TooltrieError, ValueError):
 
 @dataclass(frozen=True)
 class Grant:
-    """What a tenant may use of one registry: ``allow`` (None: every tool) minus ``deny``, as names or tags."""
+    """What a tenant may use of one registry: ``allow`` (None: every tool) minus ``deny``, as names or tags; ``pin``
+    tool names always in its answers."""
 
     allow: tuple[str, ...] | None = None
     deny: tuple[str, ...] = ()
+    pin: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -194,7 +197,8 @@ def _grants(raw: dict[str, Any], where: str) -> dict[str, Grant]:
         fields = _fields({} if grant is None else grant, _GRANT_FIELDS, at)
         allow = fields.get("allow")
         grants[str(registry)] = Grant(allow=None if allow is None else _entries(allow, f"{at}, allow"),
-                                      deny=_entries(fields.get("deny", []), f"{at}, deny"))
+                                      deny=_entries(fields.get("deny", []), f"{at}, deny"),
+                                      pin=_entries(fields.get("pin", []), f"{at}, pin"))
     return grants
 
 

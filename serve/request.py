@@ -29,6 +29,7 @@ from tooltrie.registry.subsets import select_tools
 
 if TYPE_CHECKING:
     from tooltrie.compiler.artifact import Artifact
+    from tooltrie.serve.first import First
     from tooltrie.serve.policy import Tenant
 
 
@@ -54,6 +55,7 @@ class ToolChoice:
     pointer: str
     score: float  # log-probability of choosing this tool, under the constraint, given the ones before it
     margin: float  # smallest logit lead of the chosen token over the runner-up at this tool's decision points
+    chosen_by: str = "decoded"  # or "named" (the request names it) or "pinned" (serve/first.py): score 0, certain
 
 
 @dataclass
@@ -77,8 +79,8 @@ class Answer:
             raise ValueError("an answer without its artifact has no response (the engine sets it)")
         registry = self.artifact.registry
         return {
-            "tools": [{"rank": t.rank, "name": t.name, "pointer": t.pointer, "score": round(t.score, 4)}
-                      for t in self.tools],
+            "tools": [{"rank": t.rank, "name": t.name, "pointer": t.pointer, "score": round(t.score, 4),
+                       "chosen_by": t.chosen_by} for t in self.tools],
             "finish_reason": self.finish_reason,
             "registry": registry.name,
             "registry_sha256": registry.sha256,
@@ -100,11 +102,13 @@ class Request:
     the model for an engine used directly) and ``prior_kind`` (dense, lexical or hybrid; None: the server's);
     ``constrained=False`` decodes without the grammar (plain greedy, full head); ``reasoning`` lets a reasoning model
     think first (the constraint starts after its end marker); ``max_new_tokens`` bounds unconstrained answers and
-    thinking.
+    thinking; ``pin`` tool names always in the answer, within k or (``pin_within_k=False``) on top of it.
 
-    What admission decides: ``tools`` the ids it may be answered with (None: every tool), indices into
-    ``tools_of``, the registry version they were chosen in; ``prior`` the ranker's prior (made off the decoding
-    step); ``counted`` whether it counts against the queue limit (the health probe does not).
+    What admission decides: ``first`` the tools the answer starts with, named by the query or pinned (``k`` then
+    becomes what the decode adds after them: ``serve/first.py``); ``tools`` the ids it may be answered with (None:
+    every tool), indices into ``tools_of``, the registry version they were chosen in; ``prior`` the ranker's prior
+    (made off the decoding step); ``counted`` whether it counts against the queue limit (the health probe does
+    not).
     """
 
     query: str
@@ -119,6 +123,9 @@ class Request:
     constrained: bool = True
     max_new_tokens: int = 64
     reasoning: bool = False
+    pin: tuple[str, ...] = ()
+    pin_within_k: bool = True
+    first: First | None = field(default=None, repr=False)
     tools: frozenset[int] | None = field(default=None, repr=False)
     tools_of: Registry | None = field(default=None, repr=False)
     prior: Prior | None = field(default=None, repr=False)

@@ -7,6 +7,8 @@ misspelt ``registy`` would otherwise be ignored silently).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from tooltrie.ranker import PriorName, RankerName
@@ -25,6 +27,12 @@ PREFILTER_HELP = ("Keep the top N tools (of those allowed) by the retrieval prio
                   "them; N >= k, at most the registry's --prefilter setting. Default: that setting, else none.")
 
 
+PIN_HELP = ("Tool names always in the answer (with a policy, added to the tenant's own pins): counted within k, "
+            "unless pin_within_k is false.")
+PIN_WITHIN_K_HELP = ("Whether pinned tools count within k (the answer holds exactly k tools) or come on top of it "
+                     "(k tools, then the pinned ones not among them).")
+QUERY_NAMES_HELP = ("A query that is a tool's name (any case, snake_case, camelCase or words), `select:NAME,...`, or "
+                    "that writes a tool's identifier (find_symbol) gets that tool first, whatever else ranks it.")
 RANKER_HELP = ("What the answer ranks tools by: model (the model's scores), retrieval (the retrieval prior alone) or "
                "fused (both, inside the constrained decode). Default: the server's --ranker.")
 PRIOR_HELP = ("The retrieval prior: dense (embedding similarity of the query to each tool), lexical (BM25 over the "
@@ -38,7 +46,7 @@ class DiscoverBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
         "examples": [{"query": "What will the weather be in Paris tomorrow?", "k": 3}]})
 
-    query: str = Field(description=QUERY_HELP)
+    query: str = Field(description=f"{QUERY_HELP} {QUERY_NAMES_HELP}")
     k: int = Field(description=K_HELP)
     registry: str | None = Field(default=None, description=REGISTRY_HELP)
     allow: list[str] | None = Field(default=None, description=ALLOW_HELP)
@@ -46,13 +54,19 @@ class DiscoverBody(BaseModel):
     prefilter: int | None = Field(default=None, description=PREFILTER_HELP)
     ranker: RankerName | None = Field(default=None, description=RANKER_HELP)
     prior: PriorName | None = Field(default=None, description=PRIOR_HELP)
+    pin: list[str] = Field(default_factory=list, description=PIN_HELP)
+    pin_within_k: bool = Field(default=True, description=PIN_WITHIN_K_HELP)
 
 
 class ToolPointer(BaseModel):
     rank: int = Field(description="1 for the most relevant")
     name: str = Field(description="the tool's name in the registry")
     pointer: str = Field(description="where to find the tool (a URI or server/tool)")
-    score: float = Field(description="log-probability of choosing this tool, given the ones ranked before it")
+    score: float = Field(description="log-probability of choosing this tool, given the ones ranked before it (0 for "
+                                     "a tool named or pinned: chosen for certain)")
+    chosen_by: Literal["named", "pinned", "decoded"] = Field(
+        default="decoded", description="named: the query names it; pinned: always in the answer; decoded: chosen "
+                                       "by the decoder")
 
 
 class Usage(BaseModel):

@@ -39,7 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tooltrie.errors import TooltrieError
 from tooltrie.ranker import DEFAULT_PRIOR, Weights
 from tooltrie.serve.adapter import AdapterRecord
-from tooltrie.serve.errors import QueueFullError, ServeError, UnauthorizedError, UnavailableError
+from tooltrie.serve.errors import QueueFullError, ServeError, UnauthorizedError, UnavailableError, WarmingError
 from tooltrie.serve.limits import ServeLimits
 from tooltrie.serve.mcp_tools import MCP_PATH, TENANT_SCOPE_KEY, mcp_server
 from tooltrie.serve.metrics import ServeMetrics
@@ -76,6 +76,7 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         service.start()
+        service.warm_up()  # the priors not made yet, while the server listens (/healthz: warming)
         training = asyncio.create_task(service.run_training())  # returns at once without a trainer
         try:
             async with mcp.session_manager.run():
@@ -103,7 +104,8 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
         """Exactly k distinct tools of the registry that best answer the query, most relevant first."""
         ask = Request(query=body.query, k=body.k, registry=body.registry,
                       allow=None if body.allow is None else tuple(body.allow), deny=tuple(body.deny),
-                      prefilter=body.prefilter, tenant=_tenant(request), ranker=body.ranker, prior_kind=body.prior)
+                      prefilter=body.prefilter, tenant=_tenant(request), ranker=body.ranker, prior_kind=body.prior,
+                      pin=tuple(body.pin), pin_within_k=body.pin_within_k)
         return await service.discover(ask, disconnected=_until_disconnected(request))
 
     @app.get("/v1/registries", tags=["registries"], responses={401: _ERRORS[401]})
@@ -133,7 +135,9 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
     @app.get("/healthz", tags=["health"], responses={503: {"model": ErrorBody, "description": "the probe failed"}})
     async def healthz() -> dict[str, Any]:
         """A probe decode on a tiny probe grammar, through the same worker and model as every request; 503 when
-        it fails or takes longer than the request timeout."""
+        it fails or takes longer than the request timeout, and 503 "warming" (with Retry-After) while the server
+        is still making its registries' priors (``tooltrie serve`` starts listening before that)."""
+        service.warmup.check(names=service.policy is None)
         try:
             probe = await service.probe()
         except UnavailableError:
@@ -180,7 +184,7 @@ def _error(status: int, code: str, message: str, headers: dict[str, str] | None 
 
 async def _serve_error(_: HttpRequest, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ServeError)
-    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, QueueFullError) else None
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, QueueFullError | WarmingError) else None
     if isinstance(exc, UnauthorizedError):
         headers = {"WWW-Authenticate": exc.challenge}
     return _error(exc.status, exc.code, str(exc), headers)
@@ -387,7 +391,8 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     service = DiscoveryService.from_paths(registries, loaded, TokenizerInfo.load(tokenizer or info.tokenizer),
                                           prompt=Prompt.style(info.prompt_style), limits=limits, policy=tenants,
                                           prefilter=top_n, separator=separator, ranker=ranker, prior=prior,
-                                          fused=fused_weights, base_adapter=info.adapter, trainer=trainer)
+                                          fused=fused_weights, base_adapter=info.adapter, trainer=trainer,
+                                          warm=False)  # made while listening: /healthz says "warming" meanwhile
     for name in names:  # the model answers validly anyway, but may not know these tools
         registry = service.served(name)
         mismatch = training_mismatch(registry.adapter or info.adapter, registry.artifact)
@@ -436,7 +441,7 @@ def _serve_through_vllm(*, registries: Sequence[Path], model: str | None, adapte
                                           prompt=Prompt.style(style), limits=limits, separator=separator,
                                           policy=tenants, prefilter=top_n,
                                           ranker=ranker, prior=prior, fused=fused, base_adapter=served_adapter,
-                                          remote=remote)
+                                          remote=remote, warm=False)
     served = ", ".join(f"{summary['name']} ({summary['tools']} tools)" for summary in service.registries())
     access = (f"policy {policy}: {len(tenants.tenants)} tenants, API keys required" if tenants is not None
               else "no --policy: open, on loopback only")

@@ -36,6 +36,7 @@ from tooltrie.compiler.sources import artifact_from
 from tooltrie.errors import DecodeError, RegistryError, TooltrieError
 from tooltrie.ranker import (
     DEFAULT_PRIOR,
+    MODEL_ONLY,
     PerAsk,
     Prior,
     Ranker,
@@ -48,6 +49,7 @@ from tooltrie.ranker import (
 )
 from tooltrie.ranker_policy import auto_ranker, fused_weights
 from tooltrie.registry import Registry, make_registry
+from tooltrie.registry.named import NameIndex
 from tooltrie.retrieval import MINILM_REQUIREMENT, locate_minilm
 from tooltrie.serve.access import ToolView
 from tooltrie.serve.adapter import AdapterRecord
@@ -64,6 +66,7 @@ from tooltrie.serve.errors import (
     UnavailableError,
     UnknownRegistryError,
 )
+from tooltrie.serve.first import first_tools, with_first
 from tooltrie.serve.limits import ServeLimits, answer_budget
 from tooltrie.serve.metrics import ServeMetrics
 from tooltrie.serve.model import training_mismatch
@@ -73,6 +76,7 @@ from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.request import Answer, Request
 from tooltrie.serve.training import AdapterTrainer
 from tooltrie.serve.vllm_remote import RemoteEngine, VllmServer
+from tooltrie.serve.warmup import WarmUp
 from tooltrie.serve.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -166,7 +170,7 @@ class DiscoveryService:
                  prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
                  prior: str = DEFAULT_PRIOR, fused: Weights | None = None, retrieval: bool | None = None,
                  base_adapter: AdapterRecord | None = None, trainer: AdapterTrainer | None = None,
-                 remote: VllmServer | None = None) -> None:
+                 remote: VllmServer | None = None, warm: bool = True) -> None:
         """``ranker``: what answers rank by unless a request says (``tooltrie/ranker.py``; ``auto``: per registry,
         ``ranker_policy.auto_ranker``); ``prior``: the retrieval prior (dense, lexical or hybrid); ``fused``: the
         fused ranker's weights (None: per registry, ``ranker_policy.fused_weights``); ``retrieval``: whether
@@ -179,7 +183,10 @@ class DiscoveryService:
 
         ``remote``: answer through that vLLM server (``vllm_remote.py``) instead of ``model`` (which may then be
         None; ``base_adapter`` the record of the adapter vLLM's model carries): the allowed tools (policy,
-        allow/deny, prefilter) and the prior, made here as in process, sent with each call."""
+        allow/deny, prefilter) and the prior, made here as in process, sent with each call.
+
+        ``warm``: make the priors the registries' answers rank by now (their tools embedded and indexed, or read
+        back); else ``warm_up`` makes them on a thread of its own (``warmup.py``: what ``tooltrie serve`` does)."""
         if not registries:
             raise ValueError("a discovery service needs at least one registry")
         self.model, self.tokenizer, self.remote = model, tokenizer, remote
@@ -205,6 +212,7 @@ class DiscoveryService:
         self.policy = policy
         self.prefilter = prefilter or Prefilter()  # none given: a request asking for one is refused
         self._views: dict[tuple[str | None, str], ToolView] = {}  # (tenant, registry) -> its tools, per version
+        self._name_index: dict[str, NameIndex] = {}  # registry -> its tools by name, per version
         if policy is not None:
             for tenant in policy.tenants.values():
                 unknown = sorted(set(tenant.registries) - set(self._served))
@@ -220,8 +228,13 @@ class DiscoveryService:
         self.context_tokens: int | None = getattr(getattr(model, "config", None), "max_position_embeddings", None)
         self._probe = ServedRegistry.compile(make_registry(list(PROBE_TOOLS), name=PROBE_REGISTRY), tokenizer,
                                              self.prompt)
-        engines = {name: self._engine(served) for name, served in self._served.items()}
-        engines[PROBE_REGISTRY] = self._engine(self._probe)
+        engines = {PROBE_REGISTRY: self._engine(self._probe, warm=False)}  # warmed first: health probes decode it
+        engines.update({name: self._engine(served, warm=False) for name, served in self._served.items()})
+        self.warmup = WarmUp({name: engine.ranker for name, engine in engines.items() if engine.ranker is not None
+                              and self.default_ranker(self._probe if name == PROBE_REGISTRY else self._served[name])
+                              != "model"})
+        if warm:
+            self.warmup.run(show=False)
         # Each registry's ranker as its engine has it: admission makes the requests' priors with it.
         self._rankers: dict[str, Ranker | None] = {name: engine.ranker for name, engine in engines.items()}
         self.worker = Worker(engines, queue_limit=self.limits.queue, metrics=self.metrics)
@@ -234,7 +247,8 @@ class DiscoveryService:
                    cache_dir: Path | None = None, policy: Policy | None = None,
                    prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
                    prior: str = DEFAULT_PRIOR, fused: Weights | None = None, base_adapter: AdapterRecord | None = None,
-                   trainer: AdapterTrainer | None = None, remote: VllmServer | None = None) -> DiscoveryService:
+                   trainer: AdapterTrainer | None = None, remote: VllmServer | None = None,
+                   warm: bool = True) -> DiscoveryService:
         """Load and compile (or take from the compile cache) each registry file, or load each compiled artifact
         (``separator``: the contract's for the registry files)."""
         prompt = prompt or Prompt()
@@ -242,7 +256,7 @@ class DiscoveryService:
                   for path in paths]
         return cls(model, tokenizer, served, prompt=prompt, limits=limits, cache_dir=cache_dir, policy=policy,
                    prefilter=prefilter, separator=separator, ranker=ranker, prior=prior, fused=fused,
-                   base_adapter=base_adapter, trainer=trainer, remote=remote)
+                   base_adapter=base_adapter, trainer=trainer, remote=remote, warm=warm)
 
     def _with_adapter(self, served: ServedRegistry) -> ServedRegistry:
         """``served`` with the adapter its engine adds: one it has that still fits its tools, else its own from the
@@ -267,12 +281,12 @@ class DiscoveryService:
         """What an engine with ``adapter`` feeds the model: the adapter's prompt style, else the server's prompt."""
         return self.prompt if adapter is None else Prompt.style(adapter.prompt_style)
 
-    def _engine(self, served: ServedRegistry) -> Engine | RemoteEngine:
-        """The registry's engine, with its retrieval prior (the tools embedded and indexed now when answers rank by
-        it by default, else on the first request that asks); with ``remote``, its stand-in."""
+    def _engine(self, served: ServedRegistry, *, warm: bool = True) -> Engine | RemoteEngine:
+        """The registry's engine, with its retrieval prior (with ``warm``, the tools embedded and indexed now when
+        answers rank by it by default, else on the first request that asks); with ``remote``, its stand-in."""
         weights = self.fused or fused_weights(self._ranking_adapter(served), served.artifact)
         ranker = ranker_for(served.artifact, served.path, weights, prior=self.prior)
-        if self.default_ranker(served) != "model":
+        if warm and self.default_ranker(served) != "model":
             ranker.prior_scores([""])  # the tools embedded and indexed (or read back) here, not in a request's step
         if self.remote is not None:
             return RemoteEngine(self.remote, self.tokenizer, served.artifact, prompt=self._prompt(served.adapter),
@@ -290,6 +304,7 @@ class DiscoveryService:
         self.worker.install(served.name, engine)
         self._served[served.name] = served
         self._rankers[served.name] = engine.ranker
+        self.warmup.forget(served.name)
 
     def default_ranker(self, served: ServedRegistry, prior: str | None = None) -> str:
         """What a request to ``served`` over ``prior`` (None: the server's) ranks by when it does not say."""
@@ -311,7 +326,13 @@ class DiscoveryService:
     def start(self) -> None:
         self.worker.start()
 
+    def warm_up(self) -> None:
+        """Make the priors not made yet on a thread of their own (``warmup.py``); ``/healthz`` says "warming"
+        meanwhile, and a request that needs a warming registry's prior is refused with ``Retry-After``."""
+        self.warmup.start()
+
     def stop(self) -> None:
+        self.warmup.stop()
         self.worker.stop()
         if self.remote is not None:
             self.remote.close()
@@ -369,6 +390,13 @@ class DiscoveryService:
             self._views[key] = view
         return view
 
+    def _names(self, registry: Registry) -> NameIndex:
+        """Which tools a request names, over this version of ``registry`` (``registry/named.py``)."""
+        index = self._name_index.get(registry.name)
+        if index is None or index.registry.sha256 != registry.sha256:
+            index = self._name_index[registry.name] = NameIndex(registry)
+        return index
+
     def _check_policy(self, registry: Registry, policy: Policy) -> None:
         """Every tenant's grant on ``registry`` names tools and tags it has, and leaves at least one tool."""
         for tenant in policy.tenants.values():
@@ -382,6 +410,10 @@ class DiscoveryService:
                 raise PolicyError(str(exc)) from None
             if not view.visible:
                 raise PolicyError(f"{where}: allow minus deny leaves no tool")
+            unusable = [name for name in grant.pin if name not in view.by_name]
+            if unusable:
+                raise PolicyError(f"{where}: pin names {unusable}, which are not tools the tenant may use (allow "
+                                  "minus deny)")
 
     # -- the request path -----------------------------------------------------------------------------------------
 
@@ -393,9 +425,14 @@ class DiscoveryService:
         label = request.registry if request.registry in self._served else (
             default if request.registry is None else "-")
         try:
-            await self.admit(request)
-            answer = await self._decode(request, disconnected=disconnected)
+            served = await self.admit(request)
+            answer = await self._decode(request, disconnected=disconnected) if request.k else Answer(
+                tools=[], finish_reason="stop", token_ids=[], text="", forward_passes=0, decision_points=0,
+                prompt_tokens=0, latency_ms=0.0, ranker=MODEL_ONLY.as_dict(), artifact=served.artifact)
             self._check_answer(request, answer)
+            if request.first is not None and request.first.tools:
+                assert request.tools_of is not None
+                answer = with_first(answer, request.first, request.tools_of)
         except ServeError as exc:
             self.metrics.requests.labels(label, exc.code).inc()
             raise
@@ -447,9 +484,20 @@ class DiscoveryService:
                 allowed = f"{len(tools)} tool{'s' if len(tools) != 1 else ''}"
                 raise InvalidRequestError(f"k={k} but only {allowed} of registry {served.name!r} may answer this "
                                           "request (policy, allow and deny); an answer needs k distinct ones")
-        n = self.prefilter.size(served.name, request.prefilter, k)
+        grant = request.tenant.registries.get(served.name) if request.tenant is not None else None
+        first = first_tools(self._names(registry), query, k, allowed=tools,
+                            pins=(*(grant.pin if grant is not None else ()), *request.pin),
+                            pin_within_k=request.pin_within_k)
+        if first.tools:  # the decode adds the rest, from the allowed tools without them (``first.py``)
+            k, tools = first.decoded, frozenset(range(served.n_tools) if tools is None else tools) - set(first.tools)
+        request.first = first
         kind = check_prior(request.prior_kind or self.prior, where="prior")
         ranker = check_ranker(request.ranker or self.default_ranker(served, kind), where="ranker")
+        request.registry, request.ranker, request.prior_kind, request.k = served.name, ranker, kind, k
+        if k == 0:  # named and pinned tools make the whole answer: nothing to decode
+            request.tools, request.tools_of = tools, registry
+            return served
+        n = self.prefilter.size(served.name, request.prefilter, k)
         unrankable = self._unrankable(ranker, kind)
         if unrankable is not None:  # the request asks what this server cannot make: it may ask for another prior
             raise InvalidRequestError(f"ranker {unrankable}")
@@ -458,11 +506,11 @@ class DiscoveryService:
             raise InvalidRequestError(f"prefilter={n}: {unfiltered}")
         prior: Prior | None = None
         if n is not None or ranker != "model":  # blocking (an embedding): in a thread, never in the worker's step
+            self.warmup.check_registry(served.name)
             tools, prior = await asyncio.to_thread(self._retrieve, served, self._rankers.get(served.name), query,
                                                    k, ranker, kind, n, tools)
         if tools is not None and request.tenant is None and len(tools) == served.n_tools:
             tools = None  # open server, nothing narrowed: no subset for the engine to apply
-        request.registry, request.ranker, request.prior_kind = served.name, ranker, kind
         request.tools, request.tools_of, request.prior = tools, registry, prior
         return served
 

@@ -556,7 +556,7 @@ def test_response_json(setups: dict[str, Setup]) -> None:
     assert body["registry_sha256"] == setup.artifact.registry.sha256
     assert [tool["rank"] for tool in body["tools"]] == [1, 2, 3]
     for tool, choice in zip(body["tools"], answer.tools, strict=True):
-        assert set(tool) == {"rank", "name", "pointer", "score"}
+        assert set(tool) == {"rank", "name", "pointer", "score", "chosen_by"} and tool["chosen_by"] == "decoded"
         assert tool["name"] == choice.name
         assert tool["pointer"] == f"catalog/{choice.name}"
         assert tool["score"] == round(choice.score, 4) <= 0

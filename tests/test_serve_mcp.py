@@ -74,7 +74,8 @@ def test_discover_tools_is_listed_with_its_schema(server: Running) -> None:
     tools, _ = call(server, [])
     (tool,) = [tool for tool in tools.tools if tool.name == TOOL_NAME]
     schema = tool.input_schema
-    assert set(schema["properties"]) == {"query", "k", "registry", "allow", "deny", "prefilter", "ranker", "prior"}
+    assert set(schema["properties"]) == {"query", "k", "registry", "allow", "deny", "prefilter", "ranker", "prior",
+                                         "pin", "pin_within_k"}
     assert sorted(schema["required"]) == ["k", "query"]
     assert "catalog (47 tools)" in (tool.description or "") and "small (10 tools)" in (tool.description or "")
     assert tool.annotations is not None and tool.annotations.read_only_hint

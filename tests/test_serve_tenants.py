@@ -397,6 +397,7 @@ def test_tooltrie_serve_with_a_policy(tmp_path: Path, policy_file: Path, shop: t
     def run(app: Any, *, host: str, port: int, log_level: str) -> None:
         served.update(host=host, port=port)
         with TestClient(app, base_url="http://127.0.0.1") as client:
+            wait_until(lambda: client.get("/healthz").status_code == 200, what="the server warmed up")
             served["replies"] = [
                 ask(client, None, {"query": "q", "k": 1}), ask(client, ACME_KEY[::-1], {"query": "q", "k": 1}),
                 ask(client, BETA_KEY, {"query": "q", "k": 1, "registry": "catalog"}),
