@@ -853,7 +853,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": TARGETS,
     }
     results = {"setup_s": shared.setup_s, "configs": configs, "targets": targets, "wall_s": clock() - began}
-    path = write_results("step", settings=settings, results=results, out=args.out)
+    path = write_results("step", settings=settings, results=results, out=args.out, compact=True)
     print(f"\nwrote {path} ({clock() - began:.0f} s)")
     return 0
 
