@@ -45,12 +45,17 @@ def registry_of(path: str | Path) -> Registry:
 
 
 def artifact_from(path: str | Path, tokenizer: TokenizerInfo, *, separator: str | None = None,
-                  cache_dir: str | Path | None = None) -> Artifact:
+                  cache_dir: str | Path | None = None, loaded: Artifact | None = None) -> Artifact:
     """The artifact of ``path``: loaded and checked against ``tokenizer`` (and ``separator``, when given) if it is
-    one, else the registry file compiled with ``separator`` (default: the contract's), through the cache."""
-    if is_artifact(path):
+    one, else the registry file compiled with ``separator`` (default: the contract's), through the cache.
+    ``loaded``: the artifact of ``path`` read already (checked here, not read again: at 100,000 tools a read takes
+    4 s)."""
+    if loaded is not None or is_artifact(path):
         contract = None if separator is None else Contract(separator=separator)
-        return Artifact.load(path, tokenizer=tokenizer, contract=contract)
+        if loaded is None:
+            return Artifact.load(path, tokenizer=tokenizer, contract=contract)
+        loaded.check_compatible(tokenizer=tokenizer, contract=contract, where=str(path))
+        return loaded
     contract = Contract() if separator is None else Contract(separator=separator)
     return compile_cached(load_registry(path), tokenizer, contract, cache_dir=cache_dir)
 

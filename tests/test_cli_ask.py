@@ -80,6 +80,17 @@ def test_ask_json_names_three_catalog_tools(ask: Ask, tmp_path: Path) -> None:
     assert list((tmp_path / "cache").glob("catalog-*.safetensors")), "the compiled catalog was not cached there"
 
 
+def test_ask_a_named_tool_first_and_a_select_of_none_is_an_error(ask: Ask) -> None:
+    code, out, _ = ask("select:MapTool", "--k", "2", "--json")
+    body = json.loads(out)
+    assert code == 0 and [tool["chosen_by"] for tool in body["tools"]] == ["named", "decoded"]
+    assert body["tools"][0]["name"] == "MapTool" and body["tools"][1]["name"] != "MapTool"
+    code, out, _ = ask("select:map_tool", "--k", "1", "--json")  # nothing left to decode
+    assert code == 0 and [tool["name"] for tool in json.loads(out)["tools"]] == ["MapTool"]
+    code, _, err = ask("select:NoSuchTool", "--k", "1")
+    assert code == 2 and "'NoSuchTool', which registry 'catalog' does not have" in err
+
+
 REGISTRY_YAML = """\
 name: mine
 tools:

@@ -227,24 +227,30 @@ def _add_dtype_option(command: argparse.ArgumentParser, *, where: str = "") -> N
 def _ask(args: argparse.Namespace) -> int:
     from transformers.utils import logging as transformers_logging
 
-    from tooltrie.compiler import TokenizerInfo
-    from tooltrie.compiler.sources import artifact_from, registry_of
+    from tooltrie.compiler import Artifact, TokenizerInfo
+    from tooltrie.compiler.sources import artifact_from, is_artifact, registry_of
+    from tooltrie.kernels.state import check_k
     from tooltrie.progress import Progress
     from tooltrie.ranker import needs_encoder, ranker_for
     from tooltrie.ranker_policy import auto_ranker, fused_weights
     from tooltrie.registry import CATALOG_PATH
+    from tooltrie.registry.named import NameIndex
     from tooltrie.retrieval import locate_minilm
     from tooltrie.serve.engine import Engine, Request
+    from tooltrie.serve.first import first_tools, nothing_decoded, with_first
     from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
 
     # The answer is the output: no weight-loading progress bars around it.
     transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     source = args.registry or CATALOG_PATH
-    registry_of(source)  # a bad registry or artifact is refused before the model loads
+    # A bad registry or artifact is refused before the model loads; an artifact is read once.
+    loaded = Artifact.load(source) if is_artifact(source) else None
+    if loaded is None:
+        registry_of(source)
     model, info = load_model(args.model, adapter=not args.base, dtype=serving_dtype(args.dtype))
     tokenizer = TokenizerInfo.load(args.tokenizer or info.tokenizer)
-    artifact = artifact_from(source, tokenizer, separator=args.separator)
+    artifact = artifact_from(source, tokenizer, separator=args.separator, loaded=loaded)
     mismatch = training_mismatch(info.adapter, artifact)
     if mismatch:
         print(f"tooltrie ask: warning: {mismatch}", file=sys.stderr)
@@ -255,7 +261,13 @@ def _ask(args: argparse.Namespace) -> int:
         artifact, source, weights, prior=args.prior,
         progress=Progress(f"{Path(source).name}: embedding", unit="tool", quiet=args.quiet))
     engine = Engine(model, tokenizer, artifact, prompt=Prompt.style(info.prompt_style), ranker=ranker)
-    answer = engine.run([Request(args.query, args.k, ranker=ranked)])[0]
+    check_k(args.k, len(artifact.registry), where="--k")
+    # A query naming tools gets them first, as the endpoint answers it (serve/first.py); the decode adds the rest.
+    first = first_tools(NameIndex(artifact.registry), args.query, args.k, allowed=None, pins=(), pin_within_k=True)
+    named = tuple(artifact.registry.names[i] for i in first.tools)
+    decoded = engine.run([Request(args.query, first.decoded, ranker=ranked, deny=named)])[0] if first.decoded else (
+        nothing_decoded(artifact))
+    answer = with_first(decoded, first, artifact.registry)
     body = answer.response()
     if args.json:
         print(json.dumps(body, ensure_ascii=False))
