@@ -15,11 +15,15 @@ the pinned, then the decoded, each saying how it was chosen (``chosen_by``); a t
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from tooltrie.registry import Registry
 from tooltrie.registry.named import SELECT, NameIndex, UnknownToolNameError
 from tooltrie.serve.errors import InvalidRequestError
 from tooltrie.serve.request import Answer, ToolChoice
+
+if TYPE_CHECKING:
+    from tooltrie.compiler.artifact import Artifact
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,12 @@ def first_tools(names: NameIndex, query: str, k: int, *, allowed: frozenset[int]
     return first
 
 
+def nothing_decoded(artifact: Artifact) -> Answer:
+    """The decode's part of an answer whose named and pinned tools make all of it."""
+    return Answer(tools=[], finish_reason="stop", token_ids=[], text="", forward_passes=0, decision_points=0,
+                  prompt_tokens=0, latency_ms=0.0, artifact=artifact)
+
+
 def with_first(answer: Answer, first: First, registry: Registry) -> Answer:
     """``answer`` (the decoded tools) with ``first``'s tools before it, ranked from 1."""
     ahead = [ToolChoice(rank=rank, name=registry.tools[i].name, pointer=registry.tools[i].pointer, score=0.0,
@@ -90,4 +100,4 @@ def with_first(answer: Answer, first: First, registry: Registry) -> Answer:
     return replace(answer, tools=[*ahead, *(replace(tool, rank=tool.rank + len(ahead)) for tool in answer.tools)])
 
 
-__all__ = ["First", "first_tools", "with_first"]
+__all__ = ["First", "first_tools", "nothing_decoded", "with_first"]

@@ -1,7 +1,7 @@
-"""The MCP face of the discovery service: one tool, ``discover_tools``, over MCP's streamable HTTP transport.
-
-It takes the same arguments as ``POST /v1/discover`` and returns the same object as structured content (and as JSON
-text, for clients that read only text); a refused request is a tool error whose text says what is wrong. The
+"""The MCP face of the discovery service, over MCP's streamable HTTP transport: ``discover_tools`` takes the same
+arguments as ``POST /v1/discover`` and returns the same object as structured content (and as JSON text, for clients
+that read only text); ``search_tools`` is tool search as MCP gateways expose it (``POST /v1/tool-search``'s plain
+form). A refused request is a tool error whose text says what is wrong. The
 transport runs stateless with JSON responses: each call is one POST, with no session held on the server.
 
 With a policy, the server's authentication middleware has already resolved the POST's ``Authorization: Bearer`` header
@@ -12,7 +12,7 @@ tenant lists its own with ``GET /v1/registries``).
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
@@ -28,6 +28,8 @@ from tooltrie.serve.schema import (
     ALLOW_HELP,
     DENY_HELP,
     K_HELP,
+    LIMIT_HELP,
+    NAMESPACES_HELP,
     PIN_HELP,
     PIN_WITHIN_K_HELP,
     PREFILTER_HELP,
@@ -36,12 +38,15 @@ from tooltrie.serve.schema import (
     QUERY_NAMES_HELP,
     RANKER_HELP,
     REGISTRY_HELP,
+    SEARCH_QUERY_HELP,
     DiscoverResponse,
 )
 from tooltrie.serve.service import DiscoveryService
+from tooltrie.serve.tool_search import DEFAULT_LIMIT
 
 MCP_PATH = "/mcp"
 TOOL_NAME = "discover_tools"
+SEARCH_TOOL_NAME = "search_tools"  # tool search in the shape MCP gateways expose it (serve/tool_search.py)
 TENANT_SCOPE_KEY = "tooltrie.tenant"  # where the authentication middleware leaves the request's tenant
 
 
@@ -81,5 +86,23 @@ def mcp_server(service: DiscoveryService) -> MCPServer:
         except ServeError as exc:
             raise ToolError(str(exc)) from exc
         return DiscoverResponse.model_validate(body)
+
+    @server.tool(name=SEARCH_TOOL_NAME, annotations=ToolAnnotations(read_only_hint=True, open_world_hint=False),
+                 description=("Search the tools of a tool registry for a request, as an agent's tool search does: up "
+                              "to `limit` tools that answer it, each with its description and parameters (its full "
+                              f"definition), most relevant first. Registries served: {served}."))
+    async def search_tools(
+        query: Annotated[str, Field(description=SEARCH_QUERY_HELP, strict=True)],
+        ctx: Context,
+        limit: Annotated[int, Field(description=LIMIT_HELP, strict=True, ge=1)] = DEFAULT_LIMIT,
+        namespaces: Annotated[list[str] | None, Field(description=NAMESPACES_HELP, strict=True)] = None,
+        registry: Annotated[str | None, Field(description=REGISTRY_HELP, strict=True)] = None,
+    ) -> dict[str, Any]:
+        tenant = getattr(ctx.request_context.request, "scope", {}).get(TENANT_SCOPE_KEY)
+        try:
+            return await service.search(query, limit=limit, namespaces=None if namespaces is None else tuple(
+                namespaces), registry=registry, tenant=tenant if isinstance(tenant, Tenant) else None)
+        except ServeError as exc:
+            raise ToolError(str(exc)) from exc
 
     return server

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tooltrie.ranker import PriorName, RankerName
 from tooltrie.serve.limits import ServeLimits
+from tooltrie.serve.tool_search import DEFAULT_LIMIT, Format
 
 _DEFAULTS = ServeLimits()
 QUERY_HELP = (f"What the agent wants to do, in words; non-empty, at most {_DEFAULTS.max_query_chars:,} characters "
@@ -56,6 +57,37 @@ class DiscoverBody(BaseModel):
     prior: PriorName | None = Field(default=None, description=PRIOR_HELP)
     pin: list[str] = Field(default_factory=list, description=PIN_HELP)
     pin_within_k: bool = Field(default=True, description=PIN_WITHIN_K_HELP)
+
+
+SEARCH_QUERY_HELP = "The search tool's query: the user's words, or a tool's name (`select:NAME,...`)."
+LIMIT_HELP = f"At most this many tools (default {DEFAULT_LIMIT}; fewer only where fewer may be used)."
+NAMESPACES_HELP = "Search only these namespaces: tags of the registry (an agent's namespaces are tags)."
+FORMAT_HELP = ("anthropic: a tool_result block of tool_reference blocks (Messages API); openai: a tool_search_output "
+               "item (Responses API, client-executed tool search); plain: a list of tools with their definitions.")
+CALL_ID_HELP = ("The search call being answered: the tool_use block's id (anthropic) or the tool_search_call's "
+                "call_id (openai); required for those formats.")
+
+
+class ToolSearchBody(BaseModel):
+    """``POST /v1/tool-search``: a search tool's call, answered in its platform's shape."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
+        "examples": [{"query": "weather in Paris tomorrow", "limit": 3, "format": "anthropic",
+                      "call_id": "toolu_01A09q90qw90lq917835lq9"}]})
+
+    query: str = Field(description=SEARCH_QUERY_HELP)
+    limit: int = Field(default=DEFAULT_LIMIT, ge=1, description=LIMIT_HELP)
+    namespaces: list[str] | None = Field(default=None, description=NAMESPACES_HELP)
+    registry: str | None = Field(default=None, description=REGISTRY_HELP)
+    format: Format = Field(default="plain", description=FORMAT_HELP)
+    call_id: str | None = Field(default=None, description=CALL_ID_HELP)
+    pin: list[str] = Field(default_factory=list, description=PIN_HELP)
+
+    @model_validator(mode="after")
+    def _answers_a_call(self) -> ToolSearchBody:
+        if self.format != "plain" and not self.call_id:
+            raise ValueError(f"format {self.format!r} answers a search call: give its call_id")
+        return self
 
 
 class ToolPointer(BaseModel):

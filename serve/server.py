@@ -33,6 +33,7 @@ from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -46,7 +47,7 @@ from tooltrie.serve.metrics import ServeMetrics
 from tooltrie.serve.policy import Policy, Tenant, check_open_binding
 from tooltrie.serve.prefilter import Prefilter, PrefilterError
 from tooltrie.serve.request import Request
-from tooltrie.serve.schema import DiscoverBody, DiscoverResponse, ErrorBody
+from tooltrie.serve.schema import DiscoverBody, DiscoverResponse, ErrorBody, ToolSearchBody
 from tooltrie.serve.service import Disconnected, DiscoveryService
 from tooltrie.serve.training import TrainingJob
 
@@ -107,6 +108,15 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
                       prefilter=body.prefilter, tenant=_tenant(request), ranker=body.ranker, prior_kind=body.prior,
                       pin=tuple(body.pin), pin_within_k=body.pin_within_k)
         return await service.discover(ask, disconnected=_until_disconnected(request))
+
+    @app.post("/v1/tool-search", responses=_ERRORS, tags=["discovery"])
+    async def tool_search(body: ToolSearchBody, request: HttpRequest) -> dict[str, Any]:
+        """A tool search call the way agent platforms make it (deferred tools, a search tool called with the user's
+        words): up to ``limit`` tools, answered as Anthropic's ``tool_result`` of ``tool_reference`` blocks,
+        OpenAI's client-executed ``tool_search_output``, or a plain list (``format``)."""
+        return await service.search(body.query, limit=body.limit, form=body.format, call_id=body.call_id,
+                                    namespaces=None if body.namespaces is None else tuple(body.namespaces),
+                                    registry=body.registry, tenant=_tenant(request), pin=tuple(body.pin))
 
     @app.get("/v1/registries", tags=["registries"], responses={401: _ERRORS[401]})
     async def registries(request: HttpRequest) -> dict[str, Any]:
@@ -190,7 +200,7 @@ async def _serve_error(_: HttpRequest, exc: Exception) -> JSONResponse:
     return _error(exc.status, exc.code, str(exc), headers)
 
 
-async def _validation_error(_: HttpRequest, exc: Exception) -> JSONResponse:
+async def _validation_error(request: HttpRequest, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
     for error in errors:
@@ -199,14 +209,20 @@ async def _validation_error(_: HttpRequest, exc: Exception) -> JSONResponse:
             position = [part for part in error.get("loc", ()) if isinstance(part, int)]
             where = f" at character {position[0]}" if position else ""
             return _error(400, "malformed_json", f"the body is not valid JSON{where}: {reason}")
-    return _error(422, "invalid_request", "; ".join(_describe(error) for error in errors) or "invalid request")
+    body = _BODIES.get(request.url.path, DiscoverBody)
+    return _error(422, "invalid_request", "; ".join(_describe(error, body) for error in errors) or "invalid request")
 
 
-def _describe(error: dict[str, Any]) -> str:
+_BODIES: dict[str, type[BaseModel]] = {"/v1/discover": DiscoverBody, "/v1/tool-search": ToolSearchBody}
+
+
+def _describe(error: dict[str, Any], body: type[BaseModel]) -> str:
     """One validation error in words, naming the field: ``k: Input should be a valid integer (got "3")``."""
     path = [str(part) for part in error.get("loc", ()) if part != "body"]
     kind = error.get("type", "")
-    fields = ", ".join(DiscoverBody.model_fields)
+    fields = ", ".join(body.model_fields)
+    if not path and kind == "value_error":  # a rule across fields (a model validator's message)
+        return str(error.get("msg", "invalid")).removeprefix("Value error, ")
     if not path:
         return (f"the body must be a JSON object with the fields {fields}" if kind != "missing"
                 else f"a JSON body is required, with the fields {fields}")

@@ -36,7 +36,6 @@ from tooltrie.compiler.sources import artifact_from
 from tooltrie.errors import DecodeError, RegistryError, TooltrieError
 from tooltrie.ranker import (
     DEFAULT_PRIOR,
-    MODEL_ONLY,
     PerAsk,
     Prior,
     Ranker,
@@ -66,7 +65,7 @@ from tooltrie.serve.errors import (
     UnavailableError,
     UnknownRegistryError,
 )
-from tooltrie.serve.first import first_tools, with_first
+from tooltrie.serve.first import first_tools, nothing_decoded, with_first
 from tooltrie.serve.limits import ServeLimits, answer_budget
 from tooltrie.serve.metrics import ServeMetrics
 from tooltrie.serve.model import training_mismatch
@@ -74,6 +73,7 @@ from tooltrie.serve.policy import Policy, PolicyError, Tenant
 from tooltrie.serve.prefilter import Prefilter, PrefilterError
 from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.request import Answer, Request
+from tooltrie.serve.tool_search import Format, shaped
 from tooltrie.serve.training import AdapterTrainer
 from tooltrie.serve.vllm_remote import RemoteEngine, VllmServer
 from tooltrie.serve.warmup import WarmUp
@@ -419,6 +419,25 @@ class DiscoveryService:
 
     async def discover(self, request: Request, *, disconnected: Disconnected | None = None) -> dict[str, Any]:
         """Answer ``request`` with exactly k tools of its registry, or raise a ``ServeError`` saying why not."""
+        return (await self.answer(request, disconnected=disconnected)).response()
+
+    async def search(self, query: str, *, limit: int, form: Format = "plain", call_id: str | None = None,
+                     namespaces: tuple[str, ...] | None = None, registry: str | None = None,
+                     tenant: Tenant | None = None, pin: tuple[str, ...] = ()) -> dict[str, Any]:
+        """A tool search call (``tool_search.py``): up to ``limit`` tools of the registry (of its ``namespaces``, the
+        registry's tags, when given) for ``query``, in ``form``'s shape answering ``call_id``."""
+        served = self.served_for(tenant, registry)
+        narrowed = tenant is not None or namespaces is not None
+        available = len(self._view(tenant, served.artifact.registry).narrow(allow=namespaces, deny=())) if (
+            narrowed) else served.n_tools
+        request = Request(query, max(1, min(limit, available)), served.name, allow=namespaces, tenant=tenant, pin=pin)
+        answer = await self.answer(request)
+        assert answer.artifact is not None
+        return shaped(answer.response(), answer.artifact.registry, form, call_id)
+
+    async def answer(self, request: Request, *, disconnected: Disconnected | None = None) -> Answer:
+        """``discover``'s answer before it becomes the endpoint's JSON (``Answer.response``), counted in the
+        metrics."""
         started = time.perf_counter()
         tenant = request.tenant
         default = tenant.default_registry(self.default_registry) if tenant is not None else self.default_registry
@@ -426,9 +445,8 @@ class DiscoveryService:
             default if request.registry is None else "-")
         try:
             served = await self.admit(request)
-            answer = await self._decode(request, disconnected=disconnected) if request.k else Answer(
-                tools=[], finish_reason="stop", token_ids=[], text="", forward_passes=0, decision_points=0,
-                prompt_tokens=0, latency_ms=0.0, ranker=MODEL_ONLY.as_dict(), artifact=served.artifact)
+            answer = await self._decode(request, disconnected=disconnected) if request.k else nothing_decoded(
+                served.artifact)
             self._check_answer(request, answer)
             if request.first is not None and request.first.tools:
                 assert request.tools_of is not None
@@ -441,7 +459,7 @@ class DiscoveryService:
             raise
         self.metrics.requests.labels(label, "ok").inc()
         self.metrics.latency.labels(label).observe(time.perf_counter() - started)
-        return answer.response()
+        return answer
 
     async def admit(self, request: Request) -> ServedRegistry:
         """The one door: check ``request`` against its registry, the caller's policy and the limits, and decide what
