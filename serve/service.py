@@ -26,7 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -118,10 +118,11 @@ class ServedRegistry:
 
     @classmethod
     def load(cls, path: Path, tokenizer: TokenizerInfo, prompt: Prompt, *, separator: str | None = None,
-             cache_dir: Path | None = None) -> ServedRegistry:
-        """A registry file compiled (through the cache; ``separator``: its contract's), or a compiled artifact."""
-        return cls.of(artifact_from(path, tokenizer, separator=separator, cache_dir=cache_dir), tokenizer, prompt,
-                      path=path)
+             cache_dir: Path | None = None, loaded: Artifact | None = None) -> ServedRegistry:
+        """A registry file compiled (through the cache; ``separator``: its contract's), or a compiled artifact
+        (``loaded``: read already, checked here)."""
+        return cls.of(artifact_from(path, tokenizer, separator=separator, cache_dir=cache_dir, loaded=loaded),
+                      tokenizer, prompt, path=path)
 
     @classmethod
     def of(cls, artifact: Artifact, tokenizer: TokenizerInfo, prompt: Prompt, *,
@@ -248,12 +249,12 @@ class DiscoveryService:
                    prefilter: Prefilter | None = None, separator: str | None = None, ranker: str = "model",
                    prior: str = DEFAULT_PRIOR, fused: Weights | None = None, base_adapter: AdapterRecord | None = None,
                    trainer: AdapterTrainer | None = None, remote: VllmServer | None = None,
-                   warm: bool = True) -> DiscoveryService:
+                   warm: bool = True, loaded: Mapping[Path, Artifact] | None = None) -> DiscoveryService:
         """Load and compile (or take from the compile cache) each registry file, or load each compiled artifact
-        (``separator``: the contract's for the registry files)."""
+        (``separator``: the contract's for the registry files; ``loaded``: artifacts read already, by path)."""
         prompt = prompt or Prompt()
-        served = [ServedRegistry.load(Path(path), tokenizer, prompt, separator=separator, cache_dir=cache_dir)
-                  for path in paths]
+        served = [ServedRegistry.load(Path(path), tokenizer, prompt, separator=separator, cache_dir=cache_dir,
+                                      loaded=(loaded or {}).get(Path(path))) for path in paths]
         return cls(model, tokenizer, served, prompt=prompt, limits=limits, cache_dir=cache_dir, policy=policy,
                    prefilter=prefilter, separator=separator, ranker=ranker, prior=prior, fused=fused,
                    base_adapter=base_adapter, trainer=trainer, remote=remote, warm=warm)

@@ -69,3 +69,30 @@ def test_an_artifact_keeps_its_own_separator(files: tuple[Path, Path, Path], tmp
     assert main(["gen-data", "--registry", str(artifact), "--separator", "; ", "--queries", str(queries),
                  "-o", str(tmp_path / "d")]) == 2
     assert "compiled for contract" in capsys.readouterr().err
+
+
+def test_serve_reads_each_artifact_once_and_refuses_a_bad_one_before_the_model(
+        files: tuple[Path, Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A 100,000-tool artifact takes seconds a read: ``serve`` reads it once (to refuse a bad file before the model
+    loads, and then to serve it)."""
+    import uvicorn
+
+    import tooltrie.serve.model as model_module
+    from tooltrie.testing import tiny_llama
+
+    _, _, artifact = files
+    tiny_llama().save_pretrained(tmp_path / "model")
+    reads: list[Path] = []
+    load = Artifact.load.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(Artifact, "load", classmethod(lambda cls, path, **kw: (reads.append(Path(path)),
+                                                                             load(cls, path, **kw))[1]))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: None)
+    assert main(["serve", "--model", str(tmp_path / "model"), "--tokenizer", "smollm2-135m", "--registry",
+                 str(artifact)]) == 0
+    assert reads.count(artifact) == 1, reads
+    broken = tmp_path / "broken.trie.safetensors"
+    broken.write_bytes(artifact.read_bytes()[:-10])
+    monkeypatch.setattr(model_module, "load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    assert main(["serve", "--model", str(tmp_path / "model"), "--registry", str(broken)]) == 2
+    assert "broken.trie.safetensors" in capsys.readouterr().err
