@@ -106,9 +106,10 @@ class CpuBackend(HostState):
     def choose(self, state: BatchState, rows: npt.NDArray[np.int32], scores: Any, hidden: Any,
                vocab: VocabMap | None, out: Outputs) -> None:
         """Logits ``[n, V]`` (``hidden`` None) or hidden states ``[n, H]`` with ``scores`` the output embedding."""
-        scores = as_numpy_scores(scores)
         if hidden is not None:
-            hidden = as_numpy_scores(hidden)
+            scores, hidden = as_numpy_head(scores), as_numpy_scores(hidden)
+        else:
+            scores = as_numpy_scores(scores)
         n_cols = scores.shape[0] if hidden is not None else scores.shape[1]
         vocab = vocab or VocabMap.identity(n_cols)
         check_step_inputs(self.artifact, len(rows), scores.shape[0] if hidden is None else hidden.shape[0], n_cols,
@@ -224,6 +225,17 @@ def as_numpy_scores(values: Any) -> npt.NDArray[Any]:
         values = values.detach().cpu().numpy()
     array: npt.NDArray[Any] = values.astype(np.float32) if values.dtype == np.float16 else values
     return array
+
+
+def as_numpy_head(weights: Any) -> npt.NDArray[Any]:
+    """A NumPy view of an output embedding ``W [V, H]`` for the sparse head: a bfloat16 one as its bits, int16 (the
+    walk widens each weight exactly, ``walk._dot_bf16``: no float32 copy of the head), else as ``as_numpy_scores``."""
+    if not isinstance(weights, np.ndarray) and str(weights.dtype) == "torch.bfloat16":
+        import torch
+
+        bits: npt.NDArray[Any] = weights.detach().cpu().view(torch.int16).numpy()
+        return bits
+    return as_numpy_scores(weights)
 
 
 def check_stats(stats: Any, n_slots: int) -> None:

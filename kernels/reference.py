@@ -128,6 +128,8 @@ class ReferenceBackend(HostState):
                vocab: VocabMap | None, out: Outputs) -> None:
         scores = as_numpy_scores(scores)
         hidden = None if hidden is None else as_numpy_scores(hidden)
+        if hidden is not None and scores.dtype == np.int16:  # a bfloat16 head's bits: its 16 bits on top of a float32
+            scores = (scores.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
         n_cols = scores.shape[0] if hidden is not None else scores.shape[1]
         vocab = vocab or VocabMap.identity(n_cols)
         check_step_inputs(self.artifact, len(rows), scores.shape[0] if hidden is None else hidden.shape[0], n_cols,

@@ -13,7 +13,8 @@ counts and allowed tools from ``counts [B, E]`` and ``allowed [B, n_tools]``; wh
 every slot has the whole registry (the compiled ``edge_tool_count``). Scores come from
 ``score(scores, hidden, row, col)``: logits ``[B, V]`` (float, or bfloat16 bits viewed as int16) when ``hidden``
 is None or a 1-D array (a CUDA launch cannot pass None: it passes an empty one), else the sparse head: the dot
-product of ``hidden[row]`` (``[B, H]``) with row ``col`` of the output embedding ``scores = W [V, H]``.
+product of ``hidden[row]`` (``[B, H]``) with row ``col`` of the output embedding ``scores = W [V, H]`` (float, or
+bfloat16 bits viewed as int16, widened exactly).
 
 A step may also report, per row, what a score of the decision needs (``stats [B, 3]`` float64: the best value,
 the runner-up value, the log-sum-exp of the candidates' values; see :func:`put_stats`), so no caller has to
@@ -108,10 +109,20 @@ def _dot(scores: Any, hidden: Any, row: int, col: int) -> float:
     return -np.inf if total != total else total
 
 
+def _dot_bf16(scores: Any, hidden: Any, row: int, col: int) -> float:
+    # A bfloat16 head's bits viewed as int16: each weight widened to float32 exactly (its 16 bits on top), so the
+    # sum is the float32 head's, bit for bit, from half the memory.
+    total = 0.0
+    for j in range(hidden.shape[1]):
+        weight = np.uint32((np.int32(scores[col, j]) & 0xFFFF) << 16).view(np.float32)
+        total += np.float64(hidden[row, j]) * np.float64(weight)
+    return -np.inf if total != total else total
+
+
 def score(scores: Any, hidden: Any, row: int, col: int) -> float:
     """The score of output column ``col`` for ``row`` (Python dispatch; compiled code uses the overload)."""
     if hidden is not None and hidden.ndim == 2:
-        return _dot(scores, hidden, row, col)
+        return (_dot_bf16 if scores.dtype == np.int16 else _dot)(scores, hidden, row, col)
     if scores.dtype == np.int16:
         return _logit_bf16(scores, hidden, row, col)
     return _logit_float(scores, hidden, row, col)
@@ -119,7 +130,7 @@ def score(scores: Any, hidden: Any, row: int, col: int) -> float:
 
 def _score_overload(scores: Any, hidden: Any, row: int, col: int) -> Any:  # same parameters as the impls
     if isinstance(hidden, types.Array) and hidden.ndim == 2:
-        return _dot
+        return _dot_bf16 if scores.dtype == types.int16 else _dot
     return _logit_bf16 if scores.dtype == types.int16 else _logit_float
 
 

@@ -32,7 +32,9 @@ sliding window).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import ctypes
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -481,6 +483,48 @@ def _blocks(decoder: Any) -> list[_Block]:
         with torch.no_grad():
             blocks = _BLOCKS[decoder] = [_Block(layer) for layer in decoder.layers]
     return blocks
+
+
+def release_copied_weights(model: Any) -> int:
+    """Let go of the model's linear weights that the decoder holds copies of (in bfloat16 on a CPU every one,
+    prepacked: ~200 MB for SmolLM2-135M; in float32 q/k/v and gate/up, stacked), for a process that answers only
+    through engines (``tooltrie ask``, ``tooltrie serve``): the model is then held once. Each becomes a stand-in of
+    its shape, dtype and device holding one element (what an adapter's updates are checked and placed against), and
+    the model's own forward refuses to run. Returns the bytes let go."""
+    decoder = model.get_decoder()
+    blocks = _blocks(decoder)
+    freed = 0
+    with torch.no_grad():
+        for block, layer in zip(blocks, decoder.layers, strict=True):
+            for linear in (block.qkv, block.o, block.gate_up, block.down):
+                for module in linear.layers:
+                    weight = module.weight
+                    storage = weight.untyped_storage()
+                    shared = linear.weight is not None and linear.weight.untyped_storage().data_ptr() == \
+                        storage.data_ptr()
+                    if shared or storage.nbytes() <= weight.element_size():
+                        continue  # a stand-in already, or the very tensor the decoder multiplies by
+                    freed += weight.numel() * weight.element_size()
+                    stand_in = torch.zeros((), dtype=weight.dtype, device=weight.device).expand(weight.shape)
+                    module.weight = torch.nn.Parameter(stand_in, requires_grad=False)
+            block.source = _identity(layer)  # the blocks stay this layer's
+    if freed and not getattr(model, "_tooltrie_engine_only", False):
+        model.register_forward_pre_hook(_refuse_forward)
+        model._tooltrie_engine_only = True
+    _give_back_freed_memory()
+    return freed
+
+
+def _give_back_freed_memory() -> None:
+    """glibc keeps freed heap blocks for later allocations, still resident (the weights let go were 0.2 GB of them);
+    ``malloc_trim`` hands their pages back to the system. Elsewhere (another C library): nothing."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _refuse_forward(module: Any, args: Any) -> None:
+    raise ModelError("this model's projection weights were handed to its engines (release_copied_weights): it "
+                     "answers through an Engine only; load it again to run its own forward")
 
 
 def _rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:

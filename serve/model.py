@@ -45,6 +45,7 @@ from tooltrie.serve.gguf import (
     INSTALL_HINT,
 )
 from tooltrie.serve.weights import check_tokenizer_fits, model_fingerprint, output_rows, plain_copy
+from tooltrie.serve.weights_file import read_streamed, safetensors_files
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -59,6 +60,7 @@ __all__ = [
     "DTYPE_NAMES",
     "ModelInfo",
     "bundled_adapter",
+    "cast_parameters",
     "default_model_cache_dir",
     "load_model",
     "locate_default_model",
@@ -145,23 +147,27 @@ def load_model(
     the model is missing or unusable, or an adapter given by path was trained on another base.
     """
     started = time.perf_counter()
+    record: AdapterRecord | None = None
     if model is None or (str(model) == DEFAULT_MODEL_NAME and not Path(model).exists()):
-        bundled = bundled_adapter() if adapter else None
-        if bundled is None:
-            return _load_default(dtype=dtype, cache_dir=cache_dir, started=started)
-        return _load_with_adapter(read_adapter(bundled), dtype=dtype, cache_dir=cache_dir, started=started,
-                                  strict=False)
-    path = Path(model)
-    if is_adapter_dir(path):
-        record = read_adapter(path)
-        if not adapter:
-            return load_model(_base_of(record), adapter=False, dtype=dtype, cache_dir=cache_dir)
-        return _load_with_adapter(record, dtype=dtype, cache_dir=cache_dir, started=started, strict=True)
-    loaded = _load_directory(path, dtype=dtype)
-    tokenizer = str(path) if (path / "tokenizer.json").is_file() else None
-    if tokenizer is not None:
-        check_tokenizer_fits(loaded, path / "tokenizer.json", exact=False)
-    return loaded, _info(loaded, name=str(path), path=path, source="directory", tokenizer=tokenizer, started=started)
+        base, bundled = None, bundled_adapter() if adapter else None
+        record = None if bundled is None else read_adapter(bundled)
+    elif is_adapter_dir(model):
+        asked = read_adapter(Path(model))
+        base, record = _base_of(asked), asked if adapter else None
+    else:
+        base = str(model)
+    loaded, info, base_fingerprint = _load_base(base, dtype=dtype, cache_dir=cache_dir, started=started,
+                                                adapter=record)
+    if record is None:
+        return loaded, info
+    if base_fingerprint != record.base_fingerprint:
+        problem = (f"{record.path}: the adapter was trained on the base model {record.base_model} with fingerprint "
+                   f"{record.base_fingerprint[:12]}, but {info.path} has fingerprint {str(base_fingerprint)[:12]}")
+        if model is not None and is_adapter_dir(model):  # asked for by path: refused
+            raise AdapterError(f"{problem}; train it again on this base (`make train`), or leave it out (--base)")
+        logger.warning("%s; answering with the base model alone", problem)  # the bundled one: left out
+        return loaded, info
+    return loaded, replace(info, adapter=record, prompt_style=record.prompt_style)
 
 
 def bundled_adapter() -> Path | None:
@@ -205,14 +211,23 @@ def _missing_default_error(target: Path) -> ModelError:
     )
 
 
-def _load_default(
-    *, dtype: torch.dtype, cache_dir: str | Path | None, started: float
-) -> tuple[PreTrainedModel, ModelInfo]:
+def _load_base(base: str | None, *, dtype: torch.dtype, cache_dir: str | Path | None, started: float,
+               adapter: AdapterRecord | None) -> tuple[PreTrainedModel, ModelInfo, str | None]:
+    """The default model (``base`` None) or a local directory's, with ``adapter`` merged if it was trained on it;
+    also the base's fingerprint in float32 when an adapter was asked for (``_load_directory``)."""
+    if base is not None:
+        path = Path(base)
+        loaded, base_fingerprint = _load_directory(path, dtype=dtype, adapter=adapter)
+        tokenizer = str(path) if (path / "tokenizer.json").is_file() else None
+        if tokenizer is not None:
+            check_tokenizer_fits(loaded, path / "tokenizer.json", exact=False)
+        info = _info(loaded, name=str(path), path=path, source="directory", tokenizer=tokenizer, started=started)
+        return loaded, info, base_fingerprint
     target = _default_target(cache_dir)
     gguf = gguf_source.locate_default_gguf()
     if gguf_source.converted_copy_ok(target, gguf):
         try:
-            loaded = _load_directory(target, dtype=dtype)
+            loaded, base_fingerprint = _load_directory(target, dtype=dtype, adapter=adapter)
             _check_vocab(loaded, DEFAULT_VOCAB_SIZE, target)
         except ModelError as exc:
             if gguf is None:
@@ -224,50 +239,56 @@ def _load_default(
         else:
             info = _info(loaded, name=DEFAULT_MODEL_NAME, path=target, source="cache", tokenizer=DEFAULT_TOKENIZER,
                          started=started, gguf=gguf)
-            return loaded, info
+            return loaded, info, base_fingerprint
     if gguf is None:
         raise _missing_default_error(target)
     logger.info("converting %s to %s (once)", gguf, target)
     gguf_source.convert_gguf(gguf, target)
-    loaded = _load_directory(target, dtype=dtype)
+    loaded, base_fingerprint = _load_directory(target, dtype=dtype, adapter=adapter)
     _check_vocab(loaded, DEFAULT_VOCAB_SIZE, target)
     info = _info(loaded, name=DEFAULT_MODEL_NAME, path=target, source="converted", tokenizer=DEFAULT_TOKENIZER,
                  started=started, gguf=gguf)
-    return loaded, info
+    return loaded, info, base_fingerprint
 
 
 def _base_of(record: AdapterRecord) -> str | None:
     return None if record.base_model == DEFAULT_MODEL_NAME else record.base_model
 
 
-def _load_with_adapter(record: AdapterRecord, *, dtype: torch.dtype, cache_dir: str | Path | None, started: float,
-                       strict: bool) -> tuple[PreTrainedModel, ModelInfo]:
-    """The adapter's base, loaded in float32 (what its fingerprint was taken of), merged, then cast to ``dtype``.
+def _load_directory(path: Path, *, dtype: torch.dtype,
+                    adapter: AdapterRecord | None = None) -> tuple[PreTrainedModel, str | None]:
+    """The causal LM of a local directory in ``dtype``, with ``adapter`` merged when the directory holds the base it
+    was trained on; and, when an adapter was asked for, the base's fingerprint in float32 (what the adapter records;
+    it was merged iff the two agree). An adapter is merged in float32 and the sum cast to ``dtype``.
 
-    A base that is not the one the adapter was trained on is an ``AdapterError`` when the adapter was asked for by
-    path (``strict``); for the bundled adapter it is logged and the base is used alone.
+    Safetensors weights are read a tensor at a time into the model's dtype (``serve.weights_file``: no float32
+    copy, no mapped file); anything else (``.bin`` weights, a quantized config) is ``from_pretrained``'s.
     """
-    base, base_info = load_model(_base_of(record), adapter=False, dtype=torch.float32, cache_dir=cache_dir)
-    merged: AdapterRecord | None = record
-    if base_info.fingerprint != record.base_fingerprint:
-        problem = (f"{record.path}: the adapter was trained on the base model {record.base_model} with fingerprint "
-                   f"{record.base_fingerprint[:12]}, but {base_info.path} has fingerprint "
-                   f"{base_info.fingerprint[:12]}")
-        if strict:
-            raise AdapterError(f"{problem}; train it again on this base (`make train`), or leave it out (--base)")
-        logger.warning("%s; answering with the base model alone", problem)
-        merged = None
-    else:
-        merge_adapter(base, record)
-    if dtype != torch.float32:
-        base = cast("PreTrainedModel", cast(Any, base).to(dtype))
-    info = replace(base_info, dtype=next(base.parameters()).dtype, fingerprint=model_fingerprint(base),
-                   load_seconds=time.perf_counter() - started, adapter=merged,
-                   prompt_style=merged.prompt_style if merged is not None else base_info.prompt_style)
-    return base, info
+    _check_directory(path)
+    files = safetensors_files(path)
+    if files is not None:
+        try:
+            loaded, base_fingerprint = read_streamed(path, files, dtype=dtype, adapter=adapter)
+        except AdapterError:  # it does not fit this model; broken, or another base's (the fingerprint says which)
+            loaded, base_fingerprint = read_streamed(path, files, dtype=dtype)
+            if adapter is not None and base_fingerprint == adapter.base_fingerprint:
+                raise
+            return loaded, base_fingerprint
+        if adapter is None:
+            return loaded, None
+        if base_fingerprint != adapter.base_fingerprint:  # read again without it: nothing can be taken back out
+            loaded, _ = read_streamed(path, files, dtype=dtype)
+        return loaded, base_fingerprint
+    loaded = _from_pretrained(path, dtype=dtype if adapter is None else torch.float32)
+    if adapter is None:
+        return loaded, None
+    base_fingerprint = model_fingerprint(loaded)
+    if base_fingerprint == adapter.base_fingerprint:
+        merge_adapter(loaded, adapter)
+    return cast_parameters(loaded, dtype), base_fingerprint
 
 
-def _load_directory(path: Path, *, dtype: torch.dtype) -> PreTrainedModel:
+def _check_directory(path: Path) -> None:
     if not path.exists():
         raise ModelError(
             f"{path}: no such model directory (a model is loaded from a local directory only; nothing is fetched "
@@ -277,6 +298,9 @@ def _load_directory(path: Path, *, dtype: torch.dtype) -> PreTrainedModel:
         raise ModelError(f"{path}: not a directory; expected a Hugging Face model directory (config.json + weights)")
     if not (path / "config.json").is_file():
         raise ModelError(f"{path}: no config.json; not a Hugging Face model directory")
+
+
+def _from_pretrained(path: Path, *, dtype: torch.dtype) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
     try:
@@ -291,6 +315,16 @@ def _load_directory(path: Path, *, dtype: torch.dtype) -> PreTrainedModel:
         shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
         raise ModelError(f"{path}: the weights lack {len(missing)} tensor(s) the model needs ({shown})")
     return cast("PreTrainedModel", loaded.eval())
+
+
+def cast_parameters(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
+    """``model`` with its parameters in ``dtype``, in place, and its buffers as they are: the rotary embedding's
+    frequencies stay in float32, as ``from_pretrained`` in ``dtype`` (and ``serve.weights_file``) keep them, where
+    ``model.to(dtype)`` would round them too."""
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.data = parameter.data.to(dtype)
+    return model
 
 
 def save_model_as_served(model: PreTrainedModel, tokenizer_dir: Path | None, out_dir: Path) -> Path:

@@ -27,7 +27,7 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
@@ -382,7 +382,8 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     from transformers.utils import logging as transformers_logging
 
     from tooltrie.compiler import TokenizerInfo
-    from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
+    from tooltrie.serve.decoder import release_copied_weights
+    from tooltrie.serve.model import cast_parameters, load_model, serving_dtype, training_mismatch
     from tooltrie.serve.prompt import Prompt
     from tooltrie.serve.training import AdapterTrainer
 
@@ -401,9 +402,10 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     if train is not None:  # adapters are trained on the model as served: its float32 weights' fingerprint keys them
         loaded, info = load_model(model, adapter=adapter)
         trainer = AdapterTrainer(job=train, base_model=model, base_adapter=adapter, base_fingerprint=info.fingerprint)
-        loaded = cast(Any, loaded).to(serving_dtype(dtype))
+        loaded = cast_parameters(loaded, serving_dtype(dtype))
     else:
         loaded, info = load_model(model, adapter=adapter, dtype=serving_dtype(dtype))
+    release_copied_weights(loaded)  # its engines hold the layers' weights in their own layout: not twice
     service = DiscoveryService.from_paths(registries, loaded, TokenizerInfo.load(tokenizer or info.tokenizer),
                                           prompt=Prompt.style(info.prompt_style), limits=limits, policy=tenants,
                                           prefilter=top_n, separator=separator, ranker=ranker, prior=prior,

@@ -16,13 +16,19 @@ from tooltrie.errors import ModelError
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-__all__ = ["check_tokenizer_fits", "model_fingerprint", "output_rows", "plain_copy"]
+__all__ = ["TensorSample", "check_tokenizer_fits", "fingerprint_of", "model_fingerprint", "output_rows", "plain_copy",
+           "tensor_sample"]
 
 # Config entries that name or date a model rather than decide its outputs (the weights' dtypes are hashed anyway).
 _UNHASHED_CONFIG_KEYS = frozenset(
     {"_name_or_path", "name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype", "_commit_hash"}
 )
 _FINGERPRINT_SAMPLES = 4096  # elements read from each tensor for the weights digest
+
+
+# What the fingerprint takes of one tensor: its shape, its dtype, and its sampled elements' bytes (None: on the meta
+# device, no values).
+TensorSample = tuple[tuple[int, ...], torch.dtype, bytes | None]
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
@@ -32,6 +38,22 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     each: cheap (milliseconds for the default model) and different for any retrained or re-quantised model, though
     not a hash of every byte. A GGUF-loaded model and its converted copy fingerprint the same.
     """
+    return fingerprint_of(model, [(name, tensor_sample(tensor)) for name, tensor in sorted(model.state_dict().items())])
+
+
+def tensor_sample(tensor: torch.Tensor) -> TensorSample:
+    """What ``model_fingerprint`` reads of one tensor."""
+    if tensor.is_meta:
+        return tuple(tensor.shape), tensor.dtype, None
+    flat = tensor.detach().reshape(-1)
+    step = max(1, flat.numel() // _FINGERPRINT_SAMPLES)
+    sample = flat[::step][:_FINGERPRINT_SAMPLES].to("cpu").contiguous()
+    return tuple(tensor.shape), tensor.dtype, sample.view(torch.uint8).numpy().tobytes()
+
+
+def fingerprint_of(model: torch.nn.Module, samples: list[tuple[str, TensorSample]]) -> str:
+    """``model_fingerprint`` from the model's class and config and its tensors' samples, by name in sorted order
+    (``serve.weights_file`` takes them as it reads, in float32, for a model it holds in another dtype)."""
     digest = hashlib.sha256()
     digest.update(type(model).__name__.encode())
     config = getattr(model, "config", None)
@@ -41,15 +63,9 @@ def model_fingerprint(model: torch.nn.Module) -> str:
         if isinstance(quantization, dict) and quantization.get("quant_method") == "gguf":
             del settings["quantization_config"]  # GGUF weights are dequantised on load: the tensors say it all
         digest.update(json.dumps(settings, sort_keys=True, default=str).encode())
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(f"\0{name}:{tuple(tensor.shape)}:{tensor.dtype}:".encode())
-        if tensor.is_meta:
-            digest.update(b"meta")
-            continue
-        flat = tensor.detach().reshape(-1)
-        step = max(1, flat.numel() // _FINGERPRINT_SAMPLES)
-        sample = flat[::step][:_FINGERPRINT_SAMPLES].to("cpu").contiguous()
-        digest.update(sample.view(torch.uint8).numpy().tobytes())
+    for name, (shape, dtype, sample) in samples:
+        digest.update(f"\0{name}:{shape}:{dtype}:".encode())
+        digest.update(b"meta" if sample is None else sample)
     return digest.hexdigest()
 
 

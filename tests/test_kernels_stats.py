@@ -103,6 +103,36 @@ def test_cpu_sparse_step_stats_equal_direct_computation(artifact: Artifact, prun
     assert (state_ref.status[:3] != RUNNING).all()
 
 
+def test_a_bfloat16_head_decides_as_its_float32_widening(artifact: Artifact) -> None:
+    """The sparse head read as bfloat16 bits (no float32 copy of the model's head) gives the choices, states and
+    statistics of the same head widened to float32, bit for bit; non-integer weights of both signs, -0 and NaN."""
+    import torch
+
+    from tooltrie.kernels import walk
+
+    rng = np.random.default_rng(11)
+    state_wide, state_bits = _start(artifact), _start(artifact)
+    for _ in range(16):
+        head = torch.from_numpy(rng.standard_normal((50257, 6)).astype(np.float32) * 3).to(torch.bfloat16)
+        head[artifact.trie.edge_token[:2], 1] = float("nan")
+        head[artifact.trie.edge_token[2:4]] = -0.0
+        hidden = rng.standard_normal((len(KS), 6)).astype(np.float32)
+        wide_stats, bits_stats = np.empty((len(KS), 3)), np.empty((len(KS), 3))
+        wide = cpu_backend.sparse_step(artifact, state_wide, hidden, head.float().numpy(), stats=wide_stats)
+        bits = cpu_backend.sparse_step(artifact, state_bits, hidden, head, stats=bits_stats)
+        np.testing.assert_array_equal(bits, wide)
+        np.testing.assert_array_equal(state_bits.table, state_wide.table)
+        np.testing.assert_array_equal(bits_stats, wide_stats)
+        if (state_wide.status[:3] != RUNNING).all():
+            break
+    assert (state_wide.status[:3] != RUNNING).all()
+    head = torch.from_numpy(rng.standard_normal((40, 6)).astype(np.float32)).to(torch.bfloat16)
+    as_bits, widened = cpu_backend.as_numpy_head(head), head.float().numpy()
+    assert as_bits.dtype == np.int16 and np.shares_memory(as_bits, head.view(torch.int16).numpy())
+    for col in range(40):
+        assert walk.score(as_bits, hidden, 1, col) == walk.score(widened, hidden, 1, col)  # the Python twin's
+
+
 def test_cpu_dense_step_stats_count_nan_as_minus_infinity(artifact: Artifact) -> None:
     rng = np.random.default_rng(9)
     state_ref, state_cpu = _start(artifact), _start(artifact)

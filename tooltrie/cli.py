@@ -236,6 +236,7 @@ def _ask(args: argparse.Namespace) -> int:
     from tooltrie.registry import CATALOG_PATH
     from tooltrie.registry.named import NameIndex
     from tooltrie.retrieval import locate_minilm
+    from tooltrie.serve.decoder import release_copied_weights
     from tooltrie.serve.engine import Engine, Request
     from tooltrie.serve.first import first_tools, nothing_decoded, with_first
     from tooltrie.serve.model import load_model, serving_dtype, training_mismatch
@@ -260,7 +261,9 @@ def _ask(args: argparse.Namespace) -> int:
     ranker = None if ranked == "model" else ranker_for(  # embedding a registry's tools the first time takes a while
         artifact, source, weights, prior=args.prior,
         progress=Progress(f"{Path(source).name}: embedding", unit="tool", quiet=args.quiet))
-    engine = Engine(model, tokenizer, artifact, prompt=Prompt.style(info.prompt_style), ranker=ranker)
+    # One request: one row of cache and trie state, not a batch's.
+    engine = Engine(model, tokenizer, artifact, prompt=Prompt.style(info.prompt_style), ranker=ranker, max_batch=1)
+    release_copied_weights(model)  # the engine holds the layers' weights in its own layout: not twice
     check_k(args.k, len(artifact.registry), where="--k")
     # A query naming tools gets them first, as the endpoint answers it (serve/first.py); the decode adds the rest.
     first = first_tools(NameIndex(artifact.registry), args.query, args.k, allowed=None, pins=(), pin_within_k=True)
