@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tooltrie.registry.loader import load_registry, make_registry, parse_registry
+from tooltrie.registry.loader import load_registry, make_registry, parse_registry, tool_list_registry
 from tooltrie.registry.model import Registry, Tool
 from tooltrie.registry.subsets import select_tools
 
@@ -20,4 +20,4 @@ BFCL_PATH = Path(__file__).with_name("bfcl.jsonl")
 OPENAPI_DIR = Path(__file__).with_name("apis")
 
 __all__ = ["BFCL_PATH", "CATALOG_PATH", "OPENAPI_DIR", "Registry", "Tool", "load_registry", "make_registry",
-           "parse_registry", "select_tools"]
+           "parse_registry", "select_tools", "tool_list_registry"]

@@ -5,8 +5,10 @@ Formats, picked by extension and shape:
 - native YAML (``.yaml``/``.yml``): ``{name?, description?, source?, license?, tools: [{name, description,
   pointer?, tags?, examples?, parameters?}]}``; unknown keys are errors (they are usually typos);
 - an OpenAI tools list (``.json``): ``[{"type": "function", "function": {"name", "description", ...}}]``, or the
-  Responses API's flat ``[{"type": "function", "name", "description", ...}]``,
-  bare or under ``"tools"``;
+  Responses API's flat ``[{"type": "function", "name", "description", ...}]``, its ``custom`` tools and its
+  ``namespace`` groups of them (each tool tagged with its namespace's name), bare or under ``"tools"``; an Anthropic
+  tools list (``input_schema``); a platform's own tools (web search, code execution...) are refused in a file and
+  left out of an agent's request (``tool_list_registry``);
 - an MCP ``tools/list`` result (``.json``): ``{"tools": [{"name", "description", "inputSchema"}]}``, bare or
   inside a JSON-RPC response's ``"result"``;
 - JSONL (``.jsonl``): one ``{"name", "description", ...}`` object per line; extra keys are kept out of the way;
@@ -27,7 +29,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -37,6 +39,9 @@ from tooltrie.registry.openapi import NAMINGS, Naming, is_openapi, tool_entries
 from tooltrie.registry.parameters import parameters
 from tooltrie.registry.problems import Problem, RegistryProblems, kind
 
+# What a tools list's platform tools (web search, code execution, ...) get: refused (a registry file), or left out
+# (an agent's own request, which lists them beside its tools).
+PlatformTools = Literal["refuse", "skip"]
 _NATIVE_TOP_KEYS = frozenset({"name", "description", "source", "license", "tools"})
 _NATIVE_TOOL_KEYS = frozenset({"name", "description", "pointer", "tags", "examples", "parameters"})
 _TEXT_FIELDS = ("name", "description", "pointer", "tags", "examples")
@@ -107,6 +112,21 @@ def parse_registry(text: str, *, source: str, suffix: str, name: str, problems: 
         strict = True
     return _registry_from_records(records, strict=strict, name=name, source=source, problems=problems,
                                   require_descriptions=require_descriptions)
+
+
+def tool_list_registry(tools: Any, *, name: str, source: str, platform_tools: PlatformTools = "skip") -> Registry:
+    """A registry from a tools list as an agent sends it (its OpenAI function, custom and namespace tools, Anthropic
+    tools, or MCP ``tools/list`` entries; ``defer_loading`` and other keys are left to the caller), the platform's
+    own tools left out. Raises ``RegistryProblems`` for bad entries, each named by its index in the list.
+
+    >>> tool_list_registry([{"type": "web_search"}, {"type": "namespace", "name": "crm", "description": "CRM",
+    ...                      "tools": [{"type": "function", "name": "get_customer", "parameters": None}]},
+    ...                     {"name": "get_weather", "input_schema": {"type": "object"}}], name="agent",
+    ...                    source="request").names
+    ['get_customer', 'get_weather']
+    """
+    return _registry_from_records(list(_json_records(tools, source, platform_tools=platform_tools)), strict=False,
+                                  name=name, source=source)
 
 
 def make_registry(entries: list[dict[str, Any]], *, name: str, source: str = "<inline>") -> Registry:
@@ -240,7 +260,7 @@ def _read_json_document(text: str, source: str) -> Any:
         raise RegistryError(f"{source}:{exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})") from None
 
 
-def _json_records(data: Any, source: str) -> Iterator[_Record]:
+def _json_records(data: Any, source: str, *, platform_tools: PlatformTools = "refuse") -> Iterator[_Record]:
     if isinstance(data, dict) and isinstance(data.get("result"), dict):  # a JSON-RPC response to tools/list
         data = data["result"]
     if isinstance(data, dict) and data.get("nextCursor"):
@@ -254,20 +274,49 @@ def _json_records(data: Any, source: str) -> Iterator[_Record]:
             f"got {kind(data)}"
         )
     for i, entry in enumerate(data):
-        where = f"{source} (tools[{i}])"
-        if isinstance(entry, dict) and ("function" in entry or "type" in entry):  # OpenAI: {"type": "function", ...}
-            if entry.get("type") != "function":
-                yield _Record(None, where, refused=f"OpenAI tool type must be 'function', got {entry.get('type')!r}")
-                continue
-            if "function" not in entry and "name" in entry:  # the Responses API's flat form: the function itself
-                entry = {key: value for key, value in entry.items() if key != "type"}
-            elif not isinstance(entry.get("function"), dict):
-                yield _Record(None, f"{where}.function",
-                              refused=f"expected a mapping (an object), got {kind(entry.get('function'))}")
-                continue
-            else:
-                entry = entry["function"]
-        yield _Record(entry, where)
+        yield from _entry_records(entry, source, f"tools[{i}]", platform_tools)
+
+
+def _entry_records(entry: Any, source: str, path: str, platform_tools: PlatformTools,
+                   namespace: str | None = None) -> Iterator[_Record]:
+    """The tool records of one entry of a tools list: an MCP or Anthropic tool (no ``type``, or Anthropic's
+    ``custom``), an OpenAI function (nested under ``function`` or flat) or custom tool, or an OpenAI namespace of
+    them (each tagged with the namespace's name). A platform's own tool (web search, code execution, the
+    platform's tool search...) is not one to search: refused, or with ``platform_tools="skip"`` left out."""
+    where = f"{source} ({path})"
+    if not isinstance(entry, dict) or ("type" not in entry and "function" not in entry):
+        yield _Record(_in_namespace(entry, namespace), where)
+        return
+    kind_of = entry.get("type", "function")
+    if kind_of == "namespace" and namespace is None:
+        name, tools = entry.get("name"), entry.get("tools")
+        if not isinstance(name, str) or not name.strip() or not isinstance(tools, list):
+            yield _Record(None, where, refused="an OpenAI namespace needs a name and a list of tools")
+            return
+        for j, inner in enumerate(tools):
+            yield from _entry_records(inner, source, f"{path}.tools[{j}]", platform_tools, namespace=name)
+        return
+    if kind_of == "function" and "function" in entry:  # Chat Completions: {"type": "function", "function": {...}}
+        if not isinstance(entry["function"], dict):
+            yield _Record(None, f"{where}.function",
+                          refused=f"expected a mapping (an object), got {kind(entry['function'])}")
+            return
+        yield _Record(_in_namespace(entry["function"], namespace), where)
+    elif kind_of == "function" and "name" not in entry:
+        yield _Record(None, f"{where}.function", refused="expected a mapping (an object), got nothing")
+    elif kind_of in ("function", "custom"):  # the Responses API's flat function, a custom tool (either platform)
+        yield _Record(_in_namespace({k: v for k, v in entry.items() if k != "type"}, namespace), where)
+    elif platform_tools == "refuse":
+        yield _Record(None, where, refused=f"tool type {kind_of!r} is a platform's own tool, not one to search (a "
+                                           "'function', a 'custom' tool or a 'namespace' of them is)")
+
+
+def _in_namespace(fields: Any, namespace: str | None) -> Any:
+    """An entry of an OpenAI namespace carries the namespace's name among its tags."""
+    if namespace is None or not isinstance(fields, dict):
+        return fields
+    tags = fields.get("tags")
+    return {**fields, "tags": [*tags, namespace] if isinstance(tags, list) else [namespace]}
 
 
 def _tool_from_record(record: _Record, *, strict: bool, registry_name: str, problems: list[Problem]) -> Tool | None:
@@ -306,7 +355,8 @@ def _tool_from_record(record: _Record, *, strict: bool, registry_name: str, prob
             lists[field_name] = _string_list(fields.get(field_name), field_name)
         except ValueError as exc:
             found.append(("entry", str(exc)))
-    schema = fields.get("parameters") if strict or "parameters" in fields else fields.get("inputSchema")  # MCP's
+    schema = fields.get("parameters") if strict or "parameters" in fields else fields.get(
+        "inputSchema", fields.get("input_schema"))  # MCP's, Anthropic's
     arguments: tuple[Parameter, ...] = ()
     if schema is not None:
         try:

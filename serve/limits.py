@@ -46,10 +46,24 @@ class ServeLimits:
     in one or two passes. Cost: a long query needs one pass per chunk."""
 
     max_body_bytes: int = 16_384
-    """Bytes in a request body (HTTP and MCP); a larger one gets ``413`` before any of it is parsed."""
+    """Bytes in a request body; a larger one gets ``413`` before any of it is parsed. A tool search's (HTTP and
+    MCP), which may carry the agent's tool list, has ``max_tools_body_bytes``."""
+
+    max_tools_body_bytes: int = 8 << 20
+    """Bytes in a tool-search body (``/v1/tool-search``, MCP): room for an agent's list of a few thousand tools."""
+
+    max_agent_tools: int = 20_000
+    """Tools in an agent's own list (``tools`` of a tool search); more get ``422``."""
+
+    agent_lists: int = 8
+    """Distinct agent tool lists held compiled at once, each with its own engine (its key/value caches: ~47 MB at
+    ``max_batch`` 16 with SmolLM2-135M); the one searched least recently goes once ``timeout_s`` has passed since
+    its last search, and while none has, a new list gets ``503``. Cost: a new list is compiled (about a second for
+    3,000 tools on 2 cores) before its first answer."""
 
     def __post_init__(self) -> None:
-        for name in ("max_batch", "queue", "max_query_chars", "max_query_tokens", "prefill_tokens", "max_body_bytes"):
+        for name in ("max_batch", "queue", "max_query_chars", "max_query_tokens", "prefill_tokens", "max_body_bytes",
+                     "max_tools_body_bytes", "max_agent_tools", "agent_lists"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServeLimits.{name} must be at least 1, got {getattr(self, name)}")
         if not self.timeout_s > 0:

@@ -25,6 +25,7 @@ from tooltrie.serve.errors import ServeError
 from tooltrie.serve.policy import Tenant
 from tooltrie.serve.request import Request
 from tooltrie.serve.schema import (
+    AGENT_TOOLS_HELP,
     ALLOW_HELP,
     DENY_HELP,
     K_HELP,
@@ -97,11 +98,12 @@ def mcp_server(service: DiscoveryService) -> MCPServer:
         limit: Annotated[int, Field(description=LIMIT_HELP, strict=True, ge=1)] = DEFAULT_LIMIT,
         namespaces: Annotated[list[str] | None, Field(description=NAMESPACES_HELP, strict=True)] = None,
         registry: Annotated[str | None, Field(description=REGISTRY_HELP, strict=True)] = None,
+        tools: Annotated[list[dict[str, Any]] | None, Field(description=AGENT_TOOLS_HELP)] = None,
     ) -> dict[str, Any]:
         tenant = getattr(ctx.request_context.request, "scope", {}).get(TENANT_SCOPE_KEY)
         try:
             return await service.search(query, limit=limit, namespaces=None if namespaces is None else tuple(
-                namespaces), registry=registry, tenant=tenant if isinstance(tenant, Tenant) else None)
+                namespaces), registry=registry, tenant=tenant if isinstance(tenant, Tenant) else None, tools=tools)
         except ServeError as exc:
             raise ToolError(str(exc)) from exc
 

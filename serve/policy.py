@@ -13,6 +13,8 @@ an error, since a silently ignored ``alow`` would widen a tenant to every tool):
             deny: [StockTool]                 # tool names or tags taken out of allow
             pin: [WeatherTool]                # tools always in its answers (within k: serve/first.py)
           bfcl: {}                            # every tool
+        agent_tools:                          # may search the tool lists its agents send (absent: may not)
+          deny: [billing]                     # names or tags (namespaces), where a list has them; true: all
 
 Requests send ``Authorization: Bearer <key>``. Only sha256 digests of the keys are held in memory, and a presented
 key's digest is compared with every one of them in constant time (``hmac.compare_digest``, no early exit), so the
@@ -32,7 +34,7 @@ import hashlib
 import hmac
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +46,7 @@ from tooltrie.registry.loader import first_duplicate_key
 
 MIN_KEY_CHARS = 16  # a plain key shorter than this is guessable; a digest's strength is the operator's business
 _DIGEST = re.compile(r"sha256:([0-9a-f]{64})")
-_TENANT_FIELDS = {"keys", "admin", "registries"}
+_TENANT_FIELDS = {"keys", "admin", "registries", "agent_tools"}
 _GRANT_FIELDS = {"allow", "deny", "pin"}
 
 
@@ -61,6 +63,15 @@ class Grant:
     deny: tuple[str, ...] = ()
     pin: tuple[str, ...] = ()
 
+    def within(self, names: Collection[str], tags: Collection[str]) -> Grant:
+        """This grant over a registry it was not written for (an agent's tool list): its entries that are names or
+        tags there; an ``allow`` none of whose entries is there allows nothing."""
+        def kept(entries: tuple[str, ...]) -> tuple[str, ...]:
+            return tuple(entry for entry in entries if entry in names or entry in tags)
+
+        return Grant(allow=None if self.allow is None else kept(self.allow), deny=kept(self.deny),
+                     pin=tuple(entry for entry in self.pin if entry in names))
+
 
 @dataclass(frozen=True)
 class Tenant:
@@ -69,6 +80,9 @@ class Tenant:
     name: str
     registries: Mapping[str, Grant]
     admin: bool = False
+    # The tool lists its agents send (tool search over their own tools, ``agent_tools.py``): None, refused; a grant's
+    # names and tags apply where a list has them (a denied namespace is left out of every list that holds it).
+    agent_tools: Grant | None = None
 
     def default_registry(self, server_default: str) -> str:
         """The server's default when the tenant may use it, else the tenant's first registry."""
@@ -137,7 +151,10 @@ class Policy:
             if not isinstance(name, str) or not name:
                 raise PolicyError(f"{source}: tenant names are non-empty strings, got {name!r}")
             raw = _fields(raw, _TENANT_FIELDS, where)
-            tenant = Tenant(name=name, registries=_grants(raw, where), admin=_admin(raw, where))
+            agent_tools = raw.get("agent_tools", False)
+            tenant = Tenant(name=name, registries=_grants(raw, where), admin=_admin(raw, where),
+                            agent_tools=None if agent_tools is False else _grant(
+                                {} if agent_tools is True else agent_tools, f"{where}, agent_tools"))
             tenants[name] = tenant
             for position, digest in enumerate(_digests(raw, where), start=1):
                 if digest in owners:  # two tenants, one key: which one asks would be a coin toss
@@ -191,15 +208,15 @@ def _grants(raw: dict[str, Any], where: str) -> dict[str, Grant]:
     registries = raw.get("registries")
     if not isinstance(registries, dict) or not registries:
         raise PolicyError(f"{where}: 'registries' must be a non-empty mapping of registry name -> allow/deny")
-    grants = {}
-    for registry, grant in registries.items():
-        at = f"{where}, registry {registry!r}"
-        fields = _fields({} if grant is None else grant, _GRANT_FIELDS, at)
-        allow = fields.get("allow")
-        grants[str(registry)] = Grant(allow=None if allow is None else _entries(allow, f"{at}, allow"),
-                                      deny=_entries(fields.get("deny", []), f"{at}, deny"),
-                                      pin=_entries(fields.get("pin", []), f"{at}, pin"))
-    return grants
+    return {str(registry): _grant(grant, f"{where}, registry {registry!r}") for registry, grant in registries.items()}
+
+
+def _grant(raw: Any, at: str) -> Grant:
+    fields = _fields({} if raw is None else raw, _GRANT_FIELDS, at)
+    allow = fields.get("allow")
+    return Grant(allow=None if allow is None else _entries(allow, f"{at}, allow"),
+                 deny=_entries(fields.get("deny", []), f"{at}, deny"),
+                 pin=_entries(fields.get("pin", []), f"{at}, pin"))
 
 
 def _entries(raw: Any, where: str) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ misspelt ``registy`` would otherwise be ignored silently).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -62,6 +62,10 @@ class DiscoverBody(BaseModel):
 SEARCH_QUERY_HELP = "The search tool's query: the user's words, or a tool's name (`select:NAME,...`)."
 LIMIT_HELP = f"At most this many tools (default {DEFAULT_LIMIT}; fewer only where fewer may be used)."
 NAMESPACES_HELP = "Search only these namespaces: tags of the registry (an agent's namespaces are tags)."
+AGENT_TOOLS_HELP = ("The agent's own tool list, searched instead of a registry: OpenAI function, custom and namespace "
+                    "tools, Anthropic tools or MCP tools/list entries, as the agent sends them to its model (platform "
+                    "tools are left out; where some have defer_loading, only those are searched). Compiled once per "
+                    "distinct list and kept.")
 FORMAT_HELP = ("anthropic: a tool_result block of tool_reference blocks (Messages API); openai: a tool_search_output "
                "item (Responses API, client-executed tool search); plain: a list of tools with their definitions.")
 CALL_ID_HELP = ("The search call being answered: the tool_use block's id (anthropic) or the tool_search_call's "
@@ -82,11 +86,14 @@ class ToolSearchBody(BaseModel):
     format: Format = Field(default="plain", description=FORMAT_HELP)
     call_id: str | None = Field(default=None, description=CALL_ID_HELP)
     pin: list[str] = Field(default_factory=list, description=PIN_HELP)
+    tools: list[dict[str, Any]] | None = Field(default=None, description=AGENT_TOOLS_HELP)
 
     @model_validator(mode="after")
     def _answers_a_call(self) -> ToolSearchBody:
         if self.format != "plain" and not self.call_id:
             raise ValueError(f"format {self.format!r} answers a search call: give its call_id")
+        if self.tools is not None and self.registry is not None:
+            raise ValueError("give a registry or the agent's tools, not both")
         return self
 
 

@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -73,7 +73,7 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
     """
     mcp = mcp_server(service)
     mcp_app = mcp.streamable_http_app(streamable_http_path=MCP_PATH, stateless_http=True, json_response=True,
-                                      host=host, max_request_body_size=service.limits.max_body_bytes)
+                                      host=host, max_request_body_size=service.limits.max_tools_body_bytes)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -95,7 +95,8 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
                               f"at `{MCP_PATH}` (streamable HTTP).")
     if service.policy is not None:  # added first, so it runs inside _BodyLimit, which counts its 401s
         app.add_middleware(_Authenticate, policy=service.policy)
-    app.add_middleware(_BodyLimit, max_body_bytes=service.limits.max_body_bytes, metrics=service.metrics)
+    app.add_middleware(_BodyLimit, max_body_bytes=service.limits.max_body_bytes, metrics=service.metrics,
+                       larger={path: service.limits.max_tools_body_bytes for path in TOOL_LIST_PATHS})
     app.add_exception_handler(ServeError, _serve_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(HTTPException, _http_error)
@@ -117,7 +118,8 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
         OpenAI's client-executed ``tool_search_output``, or a plain list (``format``)."""
         return await service.search(body.query, limit=body.limit, form=body.format, call_id=body.call_id,
                                     namespaces=None if body.namespaces is None else tuple(body.namespaces),
-                                    registry=body.registry, tenant=_tenant(request), pin=tuple(body.pin))
+                                    registry=body.registry, tenant=_tenant(request), pin=tuple(body.pin),
+                                    tools=body.tools)
 
     @app.get("/v1/registries", tags=["registries"], responses={401: _ERRORS[401]})
     async def registries(request: HttpRequest) -> dict[str, Any]:
@@ -214,6 +216,8 @@ async def _validation_error(request: HttpRequest, exc: Exception) -> JSONRespons
     return _error(422, "invalid_request", "; ".join(_describe(error, body) for error in errors) or "invalid request")
 
 
+# The routes whose bodies may carry an agent's tool list (``ServeLimits.max_tools_body_bytes``).
+TOOL_LIST_PATHS = ("/v1/tool-search", MCP_PATH)
 _BODIES: dict[str, type[BaseModel]] = {"/v1/discover": DiscoverBody, "/v1/tool-search": ToolSearchBody}
 
 
@@ -291,8 +295,10 @@ class _BodyLimit:
     """ASGI middleware: reads the body (up to ``max_body_bytes``) before the app sees it, refusing a larger one
     with 413 whatever its route (MCP included); and counts responses by status for ``/metrics``."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, metrics: ServeMetrics) -> None:
-        self.app, self.max_body_bytes, self.metrics = app, max_body_bytes, metrics
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, metrics: ServeMetrics,
+                 larger: Mapping[str, int] | None = None) -> None:
+        """``larger``: the limits of the paths that take more (a tool search carrying the agent's tool list)."""
+        self.app, self.max_body_bytes, self.metrics, self.larger = app, max_body_bytes, metrics, dict(larger or {})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -304,9 +310,10 @@ class _BodyLimit:
                 self.metrics.http_responses.labels(str(message["status"])).inc()
             await send(message)
 
+        limit = self.larger.get(scope["path"].rstrip("/"), self.max_body_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body_bytes):
-            await self._too_large(scope, receive, counting_send)
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await self._too_large(scope, receive, counting_send, limit)
             return
         chunks: list[bytes] = []
         size = 0
@@ -316,8 +323,8 @@ class _BodyLimit:
                 return  # the client left before sending its body: no one to answer
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_body_bytes:
-                await self._too_large(scope, receive, counting_send)
+            if size > limit:
+                await self._too_large(scope, receive, counting_send, limit)
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -334,9 +341,8 @@ class _BodyLimit:
 
         await self.app(scope, replay, counting_send)
 
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = _error(413, "body_too_large", f"the request body is over the limit of {self.max_body_bytes:,} "
-                                                 "bytes")
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        response = _error(413, "body_too_large", f"the request body is over the limit of {limit:,} bytes")
         await response(scope, receive, send)
 
 

@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -52,6 +53,7 @@ from tooltrie.registry.named import NameIndex
 from tooltrie.retrieval import MINILM_REQUIREMENT, locate_minilm
 from tooltrie.serve.access import ToolView
 from tooltrie.serve.adapter import AdapterRecord
+from tooltrie.serve.agent_tools import AgentTools, list_digest, read_agent_tools
 from tooltrie.serve.engine import Engine
 from tooltrie.serve.errors import (
     ClientGoneError,
@@ -69,7 +71,7 @@ from tooltrie.serve.first import first_tools, nothing_decoded, with_first
 from tooltrie.serve.limits import ServeLimits, answer_budget
 from tooltrie.serve.metrics import ServeMetrics
 from tooltrie.serve.model import training_mismatch
-from tooltrie.serve.policy import Policy, PolicyError, Tenant
+from tooltrie.serve.policy import Grant, Policy, PolicyError, Tenant
 from tooltrie.serve.prefilter import Prefilter, PrefilterError
 from tooltrie.serve.prompt import Prompt
 from tooltrie.serve.request import Answer, Request
@@ -160,6 +162,16 @@ class ServedRegistry:
 
 
 Disconnected = Callable[[], Awaitable[None]]  # returns when the client has gone
+AGENT_PRIOR = "lexical"  # an agent list's prior: made with the list in seconds (``agent_list``)
+AGENT_LABEL = "agent-lists"  # the metrics' label of every agent list (one label, whatever the lists)
+
+
+@dataclass
+class _AgentList:
+    """An agent's tool list being served, and when it was last searched (``time.monotonic``)."""
+
+    tools: AgentTools
+    used: float = 0.0
 
 
 class DiscoveryService:
@@ -240,6 +252,10 @@ class DiscoveryService:
         self._rankers: dict[str, Ranker | None] = {name: engine.ranker for name, engine in engines.items()}
         self.worker = Worker(engines, queue_limit=self.limits.queue, metrics=self.metrics)
         self._reload_locks: dict[str, asyncio.Lock] = {}
+        # Agents' own tool lists (``agent_tools.py``): by the list's digest, the least recently searched first.
+        self._agent_lists: OrderedDict[str, _AgentList] = OrderedDict()
+        self._agent_served: dict[str, ServedRegistry] = {}  # their registries, by name
+        self._agent_lock = asyncio.Lock()  # one list compiled at a time
         self._probing: asyncio.Future[dict[str, Any]] | None = None  # the probe decode health checks share
 
     @classmethod
@@ -282,11 +298,12 @@ class DiscoveryService:
         """What an engine with ``adapter`` feeds the model: the adapter's prompt style, else the server's prompt."""
         return self.prompt if adapter is None else Prompt.style(adapter.prompt_style)
 
-    def _engine(self, served: ServedRegistry, *, warm: bool = True) -> Engine | RemoteEngine:
-        """The registry's engine, with its retrieval prior (with ``warm``, the tools embedded and indexed now when
-        answers rank by it by default, else on the first request that asks); with ``remote``, its stand-in."""
+    def _engine(self, served: ServedRegistry, *, warm: bool = True, prior: str | None = None) -> Engine | RemoteEngine:
+        """The registry's engine, with its retrieval prior (``prior``, None: the server's; with ``warm``, the tools
+        embedded and indexed now when answers rank by it by default, else on the first request that asks); with
+        ``remote``, its stand-in."""
         weights = self.fused or fused_weights(self._ranking_adapter(served), served.artifact)
-        ranker = ranker_for(served.artifact, served.path, weights, prior=self.prior)
+        ranker = ranker_for(served.artifact, served.path, weights, prior=prior or self.prior)
         if warm and self.default_ranker(served) != "model":
             ranker.prior_scores([""])  # the tools embedded and indexed (or read back) here, not in a request's step
         if self.remote is not None:
@@ -357,6 +374,8 @@ class DiscoveryService:
         return summary
 
     def served(self, name: str) -> ServedRegistry:
+        if name in self._agent_served:
+            return self._agent_served[name]
         if name not in self._served:
             raise UnknownRegistryError(f"unknown registry {name!r}; this server serves "
                                        f"{', '.join(repr(n) for n in self._served)}")
@@ -369,6 +388,9 @@ class DiscoveryService:
             if self.policy is not None:  # the front end must authenticate first; never serve a policy's server open
                 raise UnauthorizedError("an API key is required: send Authorization: Bearer <key>")
             return self.served(self.default_registry if name is None else name)
+        if name in self._agent_served:
+            self._check_agent_tools(tenant)
+            return self._agent_served[name]
         if name is None:
             name = tenant.default_registry(self.default_registry)
         if name not in tenant.registries:
@@ -381,7 +403,7 @@ class DiscoveryService:
         key = (tenant.name if tenant is not None else None, registry.name)
         view = self._views.get(key)
         if view is None or view.registry.sha256 != registry.sha256:
-            grant = tenant.registries[registry.name] if tenant is not None else None
+            grant = self._grant(tenant, registry)
             try:
                 view = ToolView.of(registry, grant, where=f"policy of tenant {key[0]!r}")
             except RegistryError:  # reloads are checked against the policy, so this is a bug: fail closed
@@ -390,6 +412,16 @@ class DiscoveryService:
                                      "request is refused (the server's log says why)") from None
             self._views[key] = view
         return view
+
+    def _grant(self, tenant: Tenant | None, registry: Registry) -> Grant | None:
+        """What ``tenant`` may use of ``registry``: its grant on it, or on an agent's list its ``agent_tools`` grant
+        as far as the list has its names and tags."""
+        if tenant is None:
+            return None
+        if registry.name not in self._agent_served:
+            return tenant.registries.get(registry.name)
+        assert tenant.agent_tools is not None  # ``served_for`` let it in
+        return tenant.agent_tools.within(registry.by_name, {tag for tool in registry.tools for tag in tool.tags})
 
     def _names(self, registry: Registry) -> NameIndex:
         """Which tools a request names, over this version of ``registry`` (``registry/named.py``)."""
@@ -424,17 +456,94 @@ class DiscoveryService:
 
     async def search(self, query: str, *, limit: int, form: Format = "plain", call_id: str | None = None,
                      namespaces: tuple[str, ...] | None = None, registry: str | None = None,
-                     tenant: Tenant | None = None, pin: tuple[str, ...] = ()) -> dict[str, Any]:
-        """A tool search call (``tool_search.py``): up to ``limit`` tools of the registry (of its ``namespaces``, the
-        registry's tags, when given) for ``query``, in ``form``'s shape answering ``call_id``."""
+                     tenant: Tenant | None = None, pin: tuple[str, ...] = (),
+                     tools: list[Any] | None = None) -> dict[str, Any]:
+        """A tool search call (``tool_search.py``): up to ``limit`` tools of the registry, or of the agent's own
+        ``tools`` (``agent_tools.py``; its deferred ones, where some are), of its ``namespaces`` (tags) when given,
+        for ``query``, in ``form``'s shape answering ``call_id``."""
+        agent = None
+        if tools is not None:
+            if registry is not None:
+                raise InvalidRequestError("give a registry or the agent's tools, not both")
+            agent = await self.agent_list(tools, tenant)
+            registry = agent.name
         served = self.served_for(tenant, registry)
-        narrowed = tenant is not None or namespaces is not None
-        available = len(self._view(tenant, served.artifact.registry).narrow(allow=namespaces, deny=())) if (
-            narrowed) else served.n_tools
-        request = Request(query, max(1, min(limit, available)), served.name, allow=namespaces, tenant=tenant, pin=pin)
+        view = self._view(tenant, served.artifact.registry)
+        loaded = tuple(name for name in agent.loaded if name in view.by_name) if agent is not None else ()
+        narrowed = tenant is not None or namespaces is not None or bool(loaded)
+        available = len(view.narrow(allow=namespaces, deny=loaded)) if narrowed else served.n_tools
+        request = Request(query, max(1, min(limit, available)), served.name, allow=namespaces, deny=loaded,
+                          tenant=tenant, pin=pin)
         answer = await self.answer(request)
         assert answer.artifact is not None
-        return shaped(answer.response(), answer.artifact.registry, form, call_id)
+        return shaped(answer.response(), answer.artifact.registry, form, call_id, agent=agent)
+
+    async def agent_list(self, tools: list[Any], tenant: Tenant | None) -> AgentTools:
+        """An agent's tool list as a registry of its own, compiled on its first search (its lexical prior made with
+        it) and kept for the next ones; at most ``ServeLimits.agent_lists`` at once, the least recently searched
+        let go first."""
+        if tenant is not None:
+            self._check_agent_tools(tenant)
+        elif self.policy is not None:
+            raise UnauthorizedError("an API key is required: send Authorization: Bearer <key>")
+        if not tools or len(tools) > self.limits.max_agent_tools:
+            raise InvalidRequestError(f"tools lists {len(tools)} tools; a search takes 1 to "
+                                      f"{self.limits.max_agent_tools:,} (ServeLimits.max_agent_tools)")
+        digest = await asyncio.to_thread(list_digest, tools)
+        async with self._agent_lock:
+            entry = self._agent_lists.get(digest)
+            if entry is None:
+                try:
+                    agent = await asyncio.to_thread(read_agent_tools, tools)
+                except RegistryError as exc:
+                    raise InvalidRequestError(f"tools: {exc}") from None
+                self._make_room()
+                served, engine = await asyncio.to_thread(self._agent_engine, agent)
+                self.worker.install(served.name, engine)
+                self._rankers[served.name] = engine.ranker
+                self._agent_served[served.name] = served
+                entry = self._agent_lists[digest] = _AgentList(agent)
+            entry.used = time.monotonic()
+            self._agent_lists.move_to_end(digest)
+            return entry.tools
+
+    def _agent_engine(self, agent: AgentTools) -> tuple[ServedRegistry, Engine | RemoteEngine]:
+        """An agent list's registry compiled and its engine made, its lexical prior with it (seconds for thousands of
+        tools, where embedding them would take minutes): in a thread."""
+        served = replace(ServedRegistry.compile(agent.registry, self.tokenizer, self.prompt), adapter=None)
+        engine = self._engine(served, warm=False, prior=AGENT_PRIOR)
+        if engine.ranker is not None:
+            engine.ranker.prior_scores([""], AGENT_PRIOR)
+        return served, engine
+
+    def _make_room(self) -> None:
+        """Let the least recently searched agent list go when the limit is reached and it has been idle for longer
+        than a request may wait; else refuse the new list for now."""
+        if len(self._agent_lists) < self.limits.agent_lists:
+            return
+        digest, oldest = next(iter(self._agent_lists.items()))
+        idle = time.monotonic() - oldest.used
+        if idle < self.limits.timeout_s:
+            raise UnavailableError(f"{len(self._agent_lists)} agent tool lists are being searched "
+                                   f"(ServeLimits.agent_lists); retry in {self.limits.timeout_s - idle:.0f} s")
+        del self._agent_lists[digest]
+        name = oldest.tools.name
+        self.worker.remove(name)
+        del self._agent_served[name]
+        self._rankers.pop(name, None)
+        self._name_index.pop(name, None)
+        for key in [key for key in self._views if key[1] == name]:
+            del self._views[key]
+
+    @staticmethod
+    def _check_agent_tools(tenant: Tenant) -> None:
+        if tenant.agent_tools is None:
+            raise ForbiddenError(f"tenant {tenant.name!r} may not search its agents' own tool lists (its policy has "
+                                 "no agent_tools)")
+
+    def _prior_of(self, served: ServedRegistry) -> str:
+        """The prior a request to ``served`` ranks over when it does not say: an agent list's is lexical."""
+        return AGENT_PRIOR if served.name in self._agent_served else self.prior
 
     async def answer(self, request: Request, *, disconnected: Disconnected | None = None) -> Answer:
         """``discover``'s answer before it becomes the endpoint's JSON (``Answer.response``), counted in the
@@ -442,8 +551,8 @@ class DiscoveryService:
         started = time.perf_counter()
         tenant = request.tenant
         default = tenant.default_registry(self.default_registry) if tenant is not None else self.default_registry
-        label = request.registry if request.registry in self._served else (
-            default if request.registry is None else "-")
+        label = request.registry if request.registry in self._served else AGENT_LABEL if (
+            request.registry in self._agent_served) else default if request.registry is None else "-"
         try:
             served = await self.admit(request)
             answer = await self._decode(request, disconnected=disconnected) if request.k else nothing_decoded(
@@ -503,14 +612,14 @@ class DiscoveryService:
                 allowed = f"{len(tools)} tool{'s' if len(tools) != 1 else ''}"
                 raise InvalidRequestError(f"k={k} but only {allowed} of registry {served.name!r} may answer this "
                                           "request (policy, allow and deny); an answer needs k distinct ones")
-        grant = request.tenant.registries.get(served.name) if request.tenant is not None else None
+        grant = self._grant(request.tenant, registry)
         first = first_tools(self._names(registry), query, k, allowed=tools,
                             pins=(*(grant.pin if grant is not None else ()), *request.pin),
                             pin_within_k=request.pin_within_k)
         if first.tools:  # the decode adds the rest, from the allowed tools without them (``first.py``)
             k, tools = first.decoded, frozenset(range(served.n_tools) if tools is None else tools) - set(first.tools)
         request.first = first
-        kind = check_prior(request.prior_kind or self.prior, where="prior")
+        kind = check_prior(request.prior_kind or self._prior_of(served), where="prior")
         ranker = check_ranker(request.ranker or self.default_ranker(served, kind), where="ranker")
         request.registry, request.ranker, request.prior_kind, request.k = served.name, ranker, kind, k
         if k == 0:  # named and pinned tools make the whole answer: nothing to decode

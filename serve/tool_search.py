@@ -12,7 +12,8 @@ tooltrie's tools in the shape the caller's platform expects:
 
 A search is a discovery request (``service.py``: the same admission, policy, named and pinned tools, decode): its
 limit is k, clamped to the tools the caller may use (a search answers up to ``limit``); namespaces are tags (an agent's
-own tool list maps each namespace to a tag), which narrow the search as ``allow`` does.
+own tool list, sent as ``tools``, maps each namespace to a tag: ``agent_tools.py``), which narrow the search as
+``allow`` does.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Literal
 
 from tooltrie.registry import Registry, Tool
 from tooltrie.registry.model import Parameter
+from tooltrie.serve.agent_tools import AgentTools
 
 Format = Literal["anthropic", "openai", "plain"]
 FORMATS: tuple[Format, ...] = ("anthropic", "openai", "plain")
@@ -41,15 +43,19 @@ def json_schema(parameters: tuple[Parameter, ...]) -> dict[str, Any]:
     return {"type": "object", "properties": properties, **({"required": required} if required else {})}
 
 
-def shaped(answer: dict[str, Any], registry: Registry, form: Format, call_id: str | None) -> dict[str, Any]:
-    """The discovery ``answer`` (``Answer.response``) as ``form`` answers a search call ``call_id``."""
+def shaped(answer: dict[str, Any], registry: Registry, form: Format, call_id: str | None, *,
+           agent: AgentTools | None = None) -> dict[str, Any]:
+    """The discovery ``answer`` (``Answer.response``) as ``form`` answers a search call ``call_id``; over an agent's
+    own list (``agent``), OpenAI's shape carries the tools as the agent defined them."""
     tools = [registry.tools[registry.index(tool["name"])] for tool in answer["tools"]]
     if form == "anthropic":
         return {"type": "tool_result", "tool_use_id": call_id,
                 "content": [{"type": "tool_reference", "tool_name": tool.name} for tool in tools]}
     if form == "openai":
+        definitions = agent.openai_tools([tool.name for tool in tools]) if agent is not None else [
+            _openai_function(tool) for tool in tools]
         return {"type": "tool_search_output", "call_id": call_id, "execution": "client", "status": "completed",
-                "tools": [_openai_function(tool) for tool in tools]}
+                "tools": definitions}
     return {"tools": [{"name": tool.name, "description": tool.description, "pointer": tool.pointer,
                        "score": found["score"], "chosen_by": found["chosen_by"],
                        "parameters": json_schema(tool.parameters)} for tool, found in zip(tools, answer["tools"],

@@ -54,7 +54,7 @@ class _Cancel:
 @dataclass(frozen=True)
 class _Install:
     name: str
-    engine: Engine | RemoteEngine
+    engine: Engine | RemoteEngine | None  # None: removed
 
 
 class _Stop:
@@ -117,6 +117,11 @@ class Worker:
         """Serve ``name`` with ``engine`` from now on; the old engine finishes the rows it is decoding."""
         self._inbox.put(_Install(name, engine))
 
+    def remove(self, name: str) -> None:
+        """Serve ``name`` no more (an agent's tool list let go); rows being decoded finish, waiting ones are
+        refused."""
+        self._inbox.put(_Install(name, None))
+
     @property
     def queued(self) -> int:
         with self._lock:
@@ -172,8 +177,14 @@ class Worker:
             old = self._lanes.get(message.name)
             if old is not None and old.engine.busy:
                 self._draining.append(old)
-            self._lanes[message.name] = _Lane(message.name, message.engine)
-            self._waiting.setdefault(message.name, deque())
+            if message.engine is not None:
+                self._lanes[message.name] = _Lane(message.name, message.engine)
+                self._waiting.setdefault(message.name, deque())
+            else:  # removed: what still waits for it is refused (its rows being decoded finish)
+                self._lanes.pop(message.name, None)
+                for request in self._waiting.pop(message.name, deque()):
+                    self._uncount(request)
+                    self._deliver(request, UnknownRegistryError(f"registry {message.name!r} is no longer served"))
         else:
             return False
         return True

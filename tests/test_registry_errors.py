@@ -78,7 +78,7 @@ LOAD_CASES = [
                  id="jsonl-line-not-an-object"),
     pytest.param(".json", json.dumps([{"type": "function", "function": {"name": "a"}},
                                       {"type": "retrieval", "function": {"name": "b"}}]),
-                 r"{file} \(tools\[1\]\): OpenAI tool type must be 'function', got 'retrieval'",
+                 r"{file} \(tools\[1\]\): tool type 'retrieval' is a platform's own tool, not one to search",
                  id="openai-type-not-function"),
     pytest.param(".json", json.dumps({"tools": [{"type": "function", "description": "neither wrapped nor named"}]}),
                  r"{file} \(tools\[0\]\)\.function: expected a mapping \(an object\), got nothing",
