@@ -23,6 +23,11 @@ bfcl-compound        compound/bfcl                   bfcl        the unordered g
 tmdb-compound        compound/tmdb                   tmdb's      the unordered gold set           halves
 spotify-compound     compound/spotify                spotify's   the unordered gold set           halves
 toolalpaca-compound  compound/toolalpaca             toolalpaca  the unordered gold set           halves
+catalog-nofit        nofit/catalog                   catalog     near miss or unrelated           halves
+bfcl-nofit           nofit/bfcl                      bfcl        near miss or unrelated           halves
+tmdb-nofit           nofit/tmdb                      tmdb's      near miss or unrelated           halves
+spotify-nofit        nofit/spotify                   spotify's   near miss or unrelated           halves
+toolalpaca-nofit     nofit/toolalpaca                toolalpaca  near miss or unrelated           halves
 ===================  ==============================  ==========  ===============================  ============
 
 The ``-needs`` sets hold requests that describe a situation or a goal rather than a tool (``"kind": "need"``,
@@ -34,7 +39,8 @@ requests that ask for several things at once, one tool per ask (``"kind": "compo
 ``bfcl-composed``, ``tmdb-composed``, ``spotify-composed``, ``toolalpaca-composed``) join 2-4 single-tool requests
 of a split into 60 compound requests of that split (``eval/composed.py``). ``catalog-situations`` holds need-describing
 requests written separately to train on (``eval/data/situations/README.md``): all of it is its train split, less
-any text a test split holds.
+any text a test split holds. The ``-nofit`` sets hold requests no tool of the registry serves (``"kind": "none"``,
+no gold tools, ``near``: the closest tools of a near miss; ``eval/data/nofit/README.md``), 24 / 24 each.
 
 **The split rule** (fixed, deterministic, no seed): within each stratum, queries are ordered by the sha256 of their
 normalized text (``normalize``: NFKC, case-folded, whitespace collapsed), ties by line. The first ones are the test
@@ -84,7 +90,9 @@ class LabelledQuery:
     tools: tuple[str, ...]
     where: str = ""
     category: str = ""  # BFCL's category; empty elsewhere
-    kind: str = ""  # "need" for a request that describes a situation (eval/data/needs/); empty: plainly worded
+    kind: str = ""  # "need" for a request that describes a situation (eval/data/needs/); empty: plainly worded;
+    # "none" for one that no tool of the registry serves (eval/data/nofit/: no gold tools, k = 0)
+    near: tuple[str, ...] = ()  # a "none" request's nearest tools (a near miss); empty: unrelated to the registry
 
     @property
     def k(self) -> int:
@@ -99,7 +107,7 @@ class LabelledQuery:
 class _Bundled:
     file: str
     registry: Path
-    stratum: str  # "tool" | "tool-set" | "category"
+    stratum: str  # "tool" | "tool-set" | "category" | "near" (a near miss or not)
     test_count: int = 0  # per stratum; else test_fraction
     test_fraction: float = 0.0
     halves: bool = False  # test and validation alternate down the stratum-then-hash order; no train split
@@ -120,6 +128,12 @@ BUNDLED: dict[str, _Bundled] = {
                               ("toolalpaca", DATA_DIR / "toolalpaca" / "toolalpaca.json"))},
     # compound requests, written by hand: 2-4 asks, one tool each (eval/data/compound/README.md)
     **{f"{name}-compound": _Bundled(f"compound/{name}.jsonl", registry, "tool-set", halves=True)
+       for name, registry in (("catalog", CATALOG_PATH), ("bfcl", BFCL_PATH),
+                              ("tmdb", DATA_DIR / "restbench-tmdb" / "restbench-tmdb.json"),
+                              ("spotify", DATA_DIR / "restbench-spotify" / "restbench-spotify.json"),
+                              ("toolalpaca", DATA_DIR / "toolalpaca" / "toolalpaca.json"))},
+    # requests no tool of the registry serves, near misses and unrelated, written by hand (eval/data/nofit/README.md)
+    **{f"{name}-nofit": _Bundled(f"nofit/{name}.jsonl", registry, "near", halves=True)
        for name, registry in (("catalog", CATALOG_PATH), ("bfcl", BFCL_PATH),
                               ("tmdb", DATA_DIR / "restbench-tmdb" / "restbench-tmdb.json"),
                               ("spotify", DATA_DIR / "restbench-spotify" / "restbench-spotify.json"),
@@ -209,6 +223,11 @@ def check_labels(queries: Iterable[LabelledQuery], registry: Registry) -> None:
         if repeated:
             raise DatasetError(f"{where}: tool(s) {', '.join(repeated)} named more than once; an answer has "
                                "distinct tools")
+        unknown_near = [name for name in item.near if name not in known]
+        if unknown_near:
+            raise DatasetError(f"{where}: near names {unknown_near}, not tools of registry {registry.name!r}")
+        if item.kind == "none" and item.k == 0:
+            continue
         if not 1 <= item.k <= len(registry):
             raise DatasetError(f"{where}: {item.k} tools; an answer has 1 to {len(registry)} (the registry's size)")
 
@@ -247,16 +266,21 @@ def _parse_line(line: str, where: str) -> LabelledQuery:
         raise DatasetError(f"{where}: 'query' must be a non-empty string")
     if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
         raise DatasetError(f"{where}: 'tools' must be a list of tool names")
-    if not tools:
-        raise DatasetError(f"{where}: 'tools' is empty; every labelled query needs at least one gold tool")
+    category, kind, near = record.get("category", ""), record.get("kind", ""), record.get("near", [])
+    if not isinstance(kind, str):
+        raise DatasetError(f"{where}: 'kind' must be a string (e.g. \"need\"), got {type(kind).__name__}")
+    if not tools and kind != "none":
+        raise DatasetError(f"{where}: 'tools' is empty; every labelled query needs at least one gold tool (a request "
+                           "no tool serves says \"kind\": \"none\")")
+    if tools and kind == "none":
+        raise DatasetError(f"{where}: \"kind\": \"none\" (no tool serves it) but tools are given")
+    if not isinstance(near, list) or not all(isinstance(t, str) for t in near):
+        raise DatasetError(f"{where}: 'near' must be a list of tool names")
     k = record.get("k", len(tools))
     if k != len(tools):
         raise DatasetError(f"{where}: 'k' is {k!r} but {len(tools)} tools are given")
-    category, kind = record.get("category", ""), record.get("kind", "")
-    if not isinstance(kind, str):
-        raise DatasetError(f"{where}: 'kind' must be a string (e.g. \"need\"), got {type(kind).__name__}")
     return LabelledQuery(query=query, tools=tuple(tools), where=where,
-                         category=category if isinstance(category, str) else "", kind=kind)
+                         category=category if isinstance(category, str) else "", kind=kind, near=tuple(near))
 
 
 @functools.cache
@@ -270,7 +294,8 @@ def _strata(name: str) -> list[list[LabelledQuery]]:
     spec = _bundled(name)
     groups: dict[object, list[tuple[str, int, LabelledQuery]]] = {}
     for line, item in enumerate(_read_bundled(name)):
-        key: object = {"tool": item.tools, "tool-set": frozenset(item.tools), "category": item.category}[spec.stratum]
+        key: object = {"tool": item.tools, "tool-set": frozenset(item.tools), "category": item.category,
+                       "near": bool(item.near)}[spec.stratum]
         groups.setdefault(key, []).append((item.text_hash, line, item))
     return [[item for _, _, item in sorted(group, key=lambda e: (e[0], e[1]))] for group in groups.values()]
 
@@ -278,7 +303,7 @@ def _strata(name: str) -> list[list[LabelledQuery]]:
 def _halves(name: str) -> tuple[list[LabelledQuery], list[LabelledQuery]]:
     """(test, validation) of a set split in halves: the queries ordered by stratum (its sorted names: the order does
     not depend on the file's), then text hash, then line, taken in turn, test first."""
-    ordered = sorted(_strata(name), key=lambda group: sorted(group[0].tools))
+    ordered = sorted(_strata(name), key=lambda group: (sorted(group[0].tools), bool(group[0].near)))
     queries = [item for group in ordered for item in group]
     return queries[0::2], queries[1::2]
 
