@@ -5,13 +5,13 @@ was and the way it is, and what the engine holds of it.
   then ``.to(dtype)`` (what ``load_model`` did); "after", ``load_model()`` (the weights read a tensor at a time into
   ``dtype``, ``serve/weights_file.py``). Seconds, the peak resident memory above the imports, and what stays
   resident; then an engine on the bundled catalog, and the model's copied weights let go as ``ask`` and ``serve``
-  do (``release_copied_weights``).
+  do (``release_copied_weights``). With ``--steps``, a warm ``ask`` over a large artifact, its memory step by step.
 - Answers: ``.to(dtype)`` also rounded the rotary embedding's frequencies to bfloat16, which ``from_pretrained`` in
   bfloat16, and now ``load_model``, keep in float32. The five development registries' test requests of every kind,
   answered by the default ranker (``--ranker auto``) with the frequencies as they were and as they are, exact set
   paired request by request.
 
-    .venv/bin/python bench/bench_model_load.py [--repeats 3]
+    .venv/bin/python bench/bench_model_load.py [--repeats 3] [--steps ARTIFACT]
 """
 
 from __future__ import annotations
@@ -84,6 +84,42 @@ def worker(arm: str) -> dict[str, float]:
     return out
 
 
+def steps(artifact_path: str) -> dict[str, float]:
+    """A warm ``tooltrie ask --ranker retrieval`` over a compiled artifact (its prior's parts beside it), step by
+    step as ``ask`` takes them, in this (fresh) process: the resident memory after each (MB) and the peak."""
+    out = {"start": resident_bytes() / MB}
+    from tooltrie.compiler import Artifact, TokenizerInfo
+    from tooltrie.compiler.sources import artifact_from
+    from tooltrie.ranker import ranker_for
+    from tooltrie.ranker_policy import fused_weights
+    from tooltrie.registry.named import NameIndex
+    from tooltrie.serve.decoder import release_copied_weights
+    from tooltrie.serve.engine import Engine, Request
+    from tooltrie.serve.first import first_tools
+    from tooltrie.serve.model import load_model, serving_dtype
+    from tooltrie.serve.prompt import Prompt
+
+    out["imports"] = resident_bytes() / MB
+    loaded = Artifact.load(artifact_path)
+    out["artifact"] = resident_bytes() / MB
+    model, info = load_model(None, dtype=serving_dtype("auto"))
+    out["model"], out["model peak"] = resident_bytes() / MB, peak_rss_bytes() / MB
+    tokenizer = TokenizerInfo.load(info.tokenizer)
+    artifact = artifact_from(artifact_path, tokenizer, loaded=loaded)
+    out["tokenizer"] = resident_bytes() / MB
+    ranker = ranker_for(artifact, artifact_path, fused_weights(info.adapter, artifact))
+    engine = Engine(model, tokenizer, artifact, prompt=Prompt.style(info.prompt_style), ranker=ranker, max_batch=1)
+    out["engine"] = resident_bytes() / MB
+    release_copied_weights(model)
+    out["engine, projections let go"] = resident_bytes() / MB
+    query = "find the invoices of a customer in Paris"
+    first = first_tools(NameIndex(artifact.registry), query, 3, allowed=None, pins=(), pin_within_k=True)
+    out["name index"] = resident_bytes() / MB
+    engine.run([Request(query, first.decoded, ranker="retrieval")])
+    out["answer"], out["peak"] = resident_bytes() / MB, peak_rss_bytes() / MB
+    return out
+
+
 def exact_rates(model: Any, info: Any) -> dict[str, dict[str, np.ndarray]]:
     """Per registry and kind, each test request's exact set (0/1) from the default ranker with ``model``."""
     from tooltrie.compiler import TokenizerInfo
@@ -116,10 +152,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="turns of loading, each arm a fresh process")
     parser.add_argument("--worker", choices=ARMS, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--steps", default=None, metavar="ARTIFACT",
+                        help="also a warm ask's memory step by step over this compiled artifact (its prior kept)")
+    parser.add_argument("--steps-worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--output", default=None)
     args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args.worker)))
+        return 0
+    if args.steps_worker:
+        print(json.dumps(steps(args.steps_worker)))
         return 0
     from tooltrie.serve.model import load_model, serving_dtype
 
@@ -130,6 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
              for arm in ARMS}
     print_table([{"arm": arm, **{key: round(value, 2) for key, value in loads[arm].items()}} for arm in ARMS],
                 title=f"the default model loaded and served (MB above the imports; medians of {args.repeats})")
+    by_step = None
+    if args.steps:
+        by_step = run_json_worker([script, "--steps-worker", args.steps], timeout_s=600)
+        print_table([{"step": step, "resident MB": round(value)} for step, value in by_step.items()],
+                    title=f"a warm ask over {Path(args.steps).name}, step by step")
 
     dtype = serving_dtype("auto")
     now, info = load_model(None, dtype=dtype)
@@ -158,6 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = write_results("model_load", settings={"repeats": args.repeats, "dtype": str(dtype).removeprefix("torch."),
                                                  "threads": torch.get_num_threads()},
                          results={"load": loads, "load_samples": {arm: times[arm].samples for arm in ARMS},
+                                  "ask_steps_mb": by_step,
                                   "answers_pooled": pooled, "answers_by_registry": by_registry},
                          out=args.output, compact=True)
     print(f"wrote {path}")
