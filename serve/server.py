@@ -32,7 +32,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi import Request as HttpRequest
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -47,6 +47,7 @@ from tooltrie.serve.mcp_tools import MCP_PATH, TENANT_SCOPE_KEY, mcp_server
 from tooltrie.serve.metrics import ServeMetrics
 from tooltrie.serve.policy import Policy, Tenant, check_open_binding
 from tooltrie.serve.prefilter import Prefilter, PrefilterError
+from tooltrie.serve.proxy import CHAT_PATH, DEFAULT_K, ChatProxy
 from tooltrie.serve.request import Request
 from tooltrie.serve.schema import DiscoverBody, DiscoverResponse, ErrorBody, ToolSearchBody
 from tooltrie.serve.service import Disconnected, DiscoveryService
@@ -65,11 +66,12 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         504: "no answer within the server's timeout"}.items()}
 
 
-def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI:
+def create_app(service: DiscoveryService, *, host: str = "127.0.0.1", proxy: ChatProxy | None = None) -> FastAPI:
     """The app; its lifespan starts and stops ``service`` (the worker thread) and MCP's session manager.
 
     ``host`` is what the server binds: on a loopback address MCP refuses requests whose Host or Origin header is
-    not local (protection against DNS rebinding).
+    not local (protection against DNS rebinding). ``proxy``: chat completions forwarded with their tools narrowed
+    (``tooltrie proxy``, ``proxy.py``).
     """
     mcp = mcp_server(service)
     mcp_app = mcp.streamable_http_app(streamable_http_path=MCP_PATH, stateless_http=True, json_response=True,
@@ -87,6 +89,8 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
             training.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await training
+            if proxy is not None:
+                await proxy.close()
             await asyncio.to_thread(service.stop)
 
     app = FastAPI(title="tooltrie discovery", version="0.1.0", lifespan=lifespan,
@@ -120,6 +124,20 @@ def create_app(service: DiscoveryService, *, host: str = "127.0.0.1") -> FastAPI
                                     namespaces=None if body.namespaces is None else tuple(body.namespaces),
                                     registry=body.registry, tenant=_tenant(request), pin=tuple(body.pin),
                                     tools=body.tools)
+
+    if proxy is not None:
+        @app.post(CHAT_PATH, tags=["proxy"], responses={502: {"model": ErrorBody, "description": "no upstream"}})
+        async def chat_completions(request: HttpRequest) -> Response:
+            """An OpenAI chat completion, forwarded to the upstream server with only the tools that fit its last
+            user turn (``tooltrie proxy``); the upstream's answer as it sent it (``x-tooltrie-tools``: sent/listed)."""
+            try:
+                body = json.loads(await request.body())
+            except ValueError:
+                return _error(400, "malformed_json", "the request body is not JSON")
+            if not isinstance(body, dict):
+                return _error(422, "invalid_request", "a chat completion request is a JSON object")
+            status, headers, chunks = await proxy.forward(body, request.headers)
+            return StreamingResponse(chunks, status_code=status, headers=headers)
 
     @app.get("/v1/registries", tags=["registries"], responses={401: _ERRORS[401]})
     async def registries(request: HttpRequest) -> dict[str, Any]:
@@ -217,7 +235,7 @@ async def _validation_error(request: HttpRequest, exc: Exception) -> JSONRespons
 
 
 # The routes whose bodies may carry an agent's tool list (``ServeLimits.max_tools_body_bytes``).
-TOOL_LIST_PATHS = ("/v1/tool-search", MCP_PATH)
+TOOL_LIST_PATHS = ("/v1/tool-search", MCP_PATH, CHAT_PATH)
 _BODIES: dict[str, type[BaseModel]] = {"/v1/discover": DiscoverBody, "/v1/tool-search": ToolSearchBody}
 
 
@@ -366,7 +384,8 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
           log_level: str = "info", policy: Path | None = None, prefilter: dict[str | None, int] | None = None,
           dtype: str = "auto", separator: str | None = None, ranker: str = "auto", prior: str = DEFAULT_PRIOR,
           fused_weights: Weights | None = None, train: TrainingJob | None = None, vllm_url: str | None = None,
-          vllm_model: str | None = None, vllm_artifacts: Path | None = None) -> None:
+          vllm_model: str | None = None, vllm_artifacts: Path | None = None, upstream: str | None = None,
+          upstream_k: int = DEFAULT_K, upstream_pin: Sequence[str] = ()) -> None:
     """``tooltrie serve``: load the model, compile (or take from the cache) each registry, and serve until
     interrupted. ``registries``: registry files or compiled artifacts (``separator``: the contract's for the files,
     None for the default). ``policy``: the tenants' file (None: open, on loopback only); ``prefilter``: the top N by
@@ -380,7 +399,14 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     ``vllm_url``: answer through the vLLM server there (``vllm_remote.py``) instead of loading the model: ``model``
     then says which model that server runs (for its tokenizer and prompt style), ``vllm_model`` its name there (None:
     the only one it lists), ``vllm_artifacts`` the directory the artifacts are written to for it to read; a
-    ``dtype`` other than auto is refused then (the model's dtype is that server's)."""
+    ``dtype`` other than auto is refused then (the model's dtype is that server's).
+
+    ``upstream``: also forward chat completions to the OpenAI-compatible server there, each with the ``upstream_k``
+    tools that fit its last user turn and ``upstream_pin`` (``tooltrie proxy``, ``proxy.py``); the client's
+    Authorization goes on to it, so no ``policy`` then."""
+    if upstream is not None and (policy is not None or vllm_url is not None):
+        raise TooltrieError("tooltrie proxy takes no --policy (the client's Authorization header is the upstream's) "
+                            "and no --vllm-url")
     if vllm_url is not None and dtype != "auto":  # nothing here would use it: say so rather than ignore it
         raise TooltrieError(f"--dtype {dtype} cannot be used with --vllm-url: no model is loaded here, and the "
                             "model's dtype is the vLLM server's (vllm serve --dtype)")
@@ -431,7 +457,11 @@ def serve(*, registries: Sequence[Path], model: str | None = None, adapter: bool
     access = (f"policy {policy}: {len(tenants.tenants)} tenants, API keys required (Authorization: Bearer)"
               if tenants is not None else "no --policy: OPEN to every client that can reach it, on loopback only")
     print(f"tooltrie serve: {access}; prefilter: {top_n.unavailable or 'available'}", file=sys.stderr)
-    uvicorn.run(create_app(service, host=host), host=host, port=port, log_level=log_level)
+    proxy = None if upstream is None else ChatProxy(service, upstream, k=upstream_k, pin=tuple(upstream_pin))
+    if proxy is not None:
+        print(f"tooltrie proxy: chat completions forwarded to {upstream} with {upstream_k} tools each (and "
+              f"{len(proxy.pin)} pinned)", file=sys.stderr)
+    uvicorn.run(create_app(service, host=host, proxy=proxy), host=host, port=port, log_level=log_level)
 
 
 def _serve_through_vllm(*, registries: Sequence[Path], model: str | None, adapter: bool, tokenizer: str | None,

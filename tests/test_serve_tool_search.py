@@ -129,11 +129,14 @@ def test_mcp_search_tools(server: Running) -> None:
 
 
 
-def test_readme_tool_search_example_runs(server: Running) -> None:
+def test_readme_tool_search_examples_run(server: Running) -> None:
+    """The README's Anthropic and OpenAI calls, as printed."""
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
     (source,) = [block for block in re.findall(r"```py\n(.*?)```", readme, re.DOTALL) if "/v1/tool-search" in block]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(compile(source.replace("http://127.0.0.1:8000", server.url), "README.md", "exec"), {})
-    kind, names = printed.getvalue().split(" ", 1)
-    assert kind == "tool_result" and ast.literal_eval(names) == discovered(server, "Will it rain in Oslo?", 3)
+    (anthropic, names), (openai, tools) = (line.split(" ", 1) for line in printed.getvalue().splitlines())
+    assert anthropic == "tool_result" and ast.literal_eval(names) == discovered(server, "Will it rain in Oslo?", 3)
+    assert openai == "tool_search_output"
+    assert ast.literal_eval(tools) == discovered(server, "Convert 100 US dollars to euros", 2)

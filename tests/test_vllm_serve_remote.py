@@ -45,7 +45,10 @@ from tooltrie.serve.model import load_model, save_model_as_served
 from tooltrie.serve.policy import Policy
 from tooltrie.serve.prefilter import Prefilter
 from tooltrie.serve.prompt import Prompt
+from tooltrie.serve.proxy import ChatProxy
+from tooltrie.serve.server import create_app
 from tooltrie.serve.service import DiscoveryService
+from tooltrie.serve.tool_search import json_schema
 from tooltrie.serve.vllm_remote import VllmServer
 from tooltrie.vllm_server import OUTCOMES, free_port, hostile, outcome, root_files, start_vllm, stop, wait_up
 
@@ -63,6 +66,12 @@ POLICY = Policy.parse({"tenants": {  # a tenant of every tool, and one whose pol
 # Hostile requests the fuzzer sends in the suite, each beside a valid one through both endpoints (three requests an
 # example); bench/fuzz_vllm.py sends more.
 FUZZ_EXAMPLES = int(os.environ.get("TOOLTRIE_FUZZ_EXAMPLES", "100"))
+# A chat template that lists the request's tools before the conversation, as tool-calling models' templates do
+# (SmolLM2's own ignores them): what the proxy saves is then in vLLM's prompt tokens.
+TOOLS_TEMPLATE = ("{% if tools %}<|im_start|>system\nYou may call these tools:\n{% for tool in tools %}"
+                  "{{ tool | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}{% for message in messages %}"
+                  "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 FUZZ_QUERIES = ("Convert 100 US dollars to euros", "What will the weather be in Paris tomorrow?",
                 "Find me a flight to Rome and the news there", "Is there a good recipe for lasagne?")
 
@@ -213,6 +222,50 @@ def test_the_fuzzers_figures(stack: Stack) -> None:
     print(f"\nfuzzer: {FUZZ['sent']} hostile requests sent, {FUZZ['refused']} refused (400), {FUZZ['answered']} "
           f"answered (valid after all), {FUZZ['plain']} without tooltrie's arguments left, 0 engine restarts")
     assert FUZZ["sent"] == FUZZ["refused"] + FUZZ["answered"] + FUZZ["plain"] > 0
+
+
+def test_the_proxy_forwards_a_thousand_tool_request_with_k_of_them(stack: Stack, served: tuple[object, str, Any]
+                                                                    ) -> None:
+    """``tooltrie proxy`` in front of this ``vllm serve``: a chat completion listing 1,000 tools (the catalog's and
+    BFCL's first), rendered by a template that lists them as a tool-calling model's does, is far over the model's
+    context and refused by vLLM; through the proxy it arrives with the k tools the decoder picks and the pinned one,
+    in as many prompt tokens as the template makes of them, and is answered."""
+    import jinja2
+
+    model, style, adapter = served
+    tools = [{"type": "function", "function": {"name": tool.name, "description": tool.description,
+                                               "parameters": json_schema(tool.parameters)}}
+             for tool in [*load_registry(CATALOG_PATH).tools, *load_registry(BFCL_PATH).tools][:1000]]
+    name = stack.client.get(stack.url + "/v1/models").json()["data"][0]["id"]
+    messages = [{"role": "user", "content": "What will the weather be in Paris tomorrow?"}]
+    body = {"model": name, "max_tokens": 8, "temperature": 0, "tool_choice": "none", "chat_template": TOOLS_TEMPLATE,
+            "tools": tools, "messages": messages}
+    service = DiscoveryService.from_paths([CATALOG_PATH], model, smollm_tokenizer(), prompt=Prompt.style(style),
+                                          limits=ServeLimits(timeout_s=300), cache_dir=stack.work / "proxy-cache",
+                                          base_adapter=adapter)
+    sent: list[dict[str, Any]] = []
+    proxy = ChatProxy(service, stack.url, k=5, pin=("MapTool",))
+    picked = proxy.tools_for
+
+    async def recorded(request: Any) -> Any:
+        sent.append(chosen := await picked(request))
+        return chosen
+
+    proxy.tools_for = recorded  # type: ignore[method-assign]
+    with running_server(service, app=create_app(service, proxy=proxy)) as front:
+        through = stack.client.post(front.url + "/v1/chat/completions", json=body)
+    direct = stack.client.post(stack.url + "/v1/chat/completions", json=body)
+
+    def prompt_tokens(listed: list[dict[str, Any]]) -> int:
+        text = jinja2.Template(TOOLS_TEMPLATE).render(tools=listed, messages=messages, add_generation_prompt=True)
+        return len(smollm_tokenizer().encode(text))
+
+    assert through.status_code == 200, through.text
+    assert through.headers["x-tooltrie-tools"] == "6/1000" and len(sent[0]) == 6
+    assert through.json()["object"] == "chat.completion" and through.json()["choices"][0]["message"]["content"]
+    assert abs(through.json()["usage"]["prompt_tokens"] - prompt_tokens(sent[0])) <= 2
+    listed = prompt_tokens(tools)  # over the 2,048 vLLM is started with: refused whole
+    assert direct.status_code == 400 and listed > 2048 and listed > 50 * prompt_tokens(sent[0]), direct.text
 
 
 def test_same_answers_as_the_engine_then_vllm_down_is_502(stack: Stack) -> None:

@@ -71,20 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ask_cmd.set_defaults(run=_ask)
 
     serve_cmd = commands.add_parser("serve", help="serve discovery over HTTP and MCP (default: catalog, SmolLM2)")
-    serve_cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    serve_cmd.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     serve_cmd.add_argument("--registry", type=Path, action="append", default=None,
                            help="registry file or compiled artifact to serve; repeat for several, the first is "
                                 "the default (default: the bundled catalog)")
     add_separator_option(serve_cmd)
-    serve_cmd.add_argument("--model", default=None,
-                             help="local Hugging Face causal-LM directory or adapter directory (default: SmolLM2)")
-    serve_cmd.add_argument("--base", action="store_true", help="the base model alone, without the bundled adapter")
-    serve_cmd.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
-    _add_dtype_option(serve_cmd, where="; not with --vllm-url (the vLLM server's: vllm serve --dtype)")
-    serve_cmd.add_argument("--max-batch", type=int, default=16, help="rows decoded together; 1: no batching")
-    serve_cmd.add_argument("--queue", type=int, default=128, help="requests waiting for a slot before 429")
-    serve_cmd.add_argument("--timeout", type=float, default=30.0, help="seconds per request, queueing included")
+    _add_server_options(serve_cmd, dtype_where="; not with --vllm-url (the vLLM server's: vllm serve --dtype)")
     serve_cmd.add_argument("--policy", type=Path, default=None,
                            help="tenants' API keys and allowed tools (YAML, see README); without it the server is "
                                 "open and binds loopback only")
@@ -106,6 +97,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                            help="where the artifacts are written for the vLLM server to read (a path it sees the "
                                 "same; default: the compile cache's vllm/)")
     serve_cmd.set_defaults(run=_serve)
+
+    proxy_cmd = commands.add_parser("proxy", help="in front of an OpenAI-compatible server: each chat completion goes "
+                                                  "on with only the tools that fit its last user turn")
+    proxy_cmd.add_argument("--upstream", required=True, metavar="URL",
+                           help="the OpenAI-compatible server's base URL (e.g. http://127.0.0.1:8001 for vllm serve)")
+    proxy_cmd.add_argument("--k", type=int, default=None,
+                           help="tools forwarded per request (default 8), besides the pinned ones, the ones not "
+                                "deferred and the ones the conversation called")
+    proxy_cmd.add_argument("--pin", action="append", default=[], metavar="TOOL",
+                           help="a tool always forwarded when a request lists it; repeat for several")
+    _add_server_options(proxy_cmd, dtype_where="")
+    add_ranker_options(proxy_cmd, what="the proxy's")
+    proxy_cmd.set_defaults(run=_proxy)
 
     from tooltrie.train.command import add_gen_data_command, add_train_command
 
@@ -280,6 +284,43 @@ def _ask(args: argparse.Namespace) -> int:
         if answer.finish_reason != "stop":
             print(f"(finish_reason: {answer.finish_reason})", file=sys.stderr)
     return 0 if answer.finish_reason == "stop" else 1
+
+
+def _add_server_options(command: argparse.ArgumentParser, *, dtype_where: str) -> None:
+    """What ``serve`` and ``proxy`` both take: where to listen, the model, and the limits."""
+    command.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    command.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    command.add_argument("--model", default=None,
+                         help="local Hugging Face causal-LM directory or adapter directory (default: SmolLM2)")
+    command.add_argument("--base", action="store_true", help="the base model alone, without the bundled adapter")
+    command.add_argument("--tokenizer", default=None, help="tokenizer (default: the model's, else smollm2-135m)")
+    _add_dtype_option(command, where=dtype_where)
+    command.add_argument("--max-batch", type=int, default=16, help="rows decoded together; 1: no batching")
+    command.add_argument("--queue", type=int, default=128, help="requests waiting for a slot before 429")
+    command.add_argument("--timeout", type=float, default=30.0, help="seconds per request, queueing included")
+
+
+def _proxy(args: argparse.Namespace) -> int:
+    from tooltrie.registry import CATALOG_PATH
+    from tooltrie.serve.limits import ServeLimits
+
+    try:
+        from tooltrie.serve.proxy import DEFAULT_K
+        from tooltrie.serve.server import serve
+    except ImportError as exc:  # fastapi, uvicorn, mcp: the `serve` extra
+        raise SystemExit(f"tooltrie proxy: error: {exc.name} is not installed; "
+                         "`pip install -e '.[serve]'` (or `make install`)") from None
+    k = DEFAULT_K if args.k is None else args.k
+    if k < 1:
+        raise SystemExit(f"tooltrie proxy: error: --k must be at least 1, got {k}")
+    try:
+        limits = ServeLimits(max_batch=args.max_batch, queue=args.queue, timeout_s=args.timeout)
+    except ValueError as exc:
+        raise SystemExit(f"tooltrie proxy: error: {exc}") from None
+    serve(registries=[CATALOG_PATH], model=args.model, adapter=not args.base, tokenizer=args.tokenizer,
+          host=args.host, port=args.port, limits=limits, dtype=args.dtype, ranker=args.ranker, prior=args.prior,
+          fused_weights=args.fused_weights, upstream=args.upstream, upstream_k=k, upstream_pin=args.pin)
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:

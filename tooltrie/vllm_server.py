@@ -45,7 +45,10 @@ def start_vllm(model_dir: Path, port: int, log: BinaryIO, root: Path) -> subproc
     command = [sys.executable, "-P", "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
                "--max-model-len", "2048", "--max-num-seqs", "16", "--seed", "0", "--logits-processors", PROCESSOR,
-               "--logprobs-mode", "processed_logprobs"]
+               "--logprobs-mode", "processed_logprobs",
+               # A request may bring its chat template: the proxy's test renders its tools as a tool-calling model's
+               # template does (SmolLM2's ignores them).
+               "--trust-request-chat-template"]
     env = {**os.environ, "VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "TOOLTRIE_ARTIFACT_ROOT": str(root)}
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

@@ -65,12 +65,14 @@ class Running:
 
 
 @contextmanager
-def running_server(service: DiscoveryService, *, log_level: str = "warning") -> Iterator[Running]:
-    """Serve ``service`` with uvicorn on a free loopback port, in a thread; stop it on exit."""
+def running_server(service: DiscoveryService, *, log_level: str = "warning", app: Any = None) -> Iterator[Running]:
+    """Serve ``service`` (its app, or ``app`` made for it) with uvicorn on a free loopback port, in a thread; stop it
+    on exit."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(service), log_level=log_level, timeout_graceful_shutdown=5))
+    server = uvicorn.Server(uvicorn.Config(app if app is not None else create_app(service), log_level=log_level,
+                                           timeout_graceful_shutdown=5))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
