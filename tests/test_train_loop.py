@@ -236,6 +236,6 @@ def test_data_made_otherwise_is_refused(data: TrainingData, smollm: TokenizerInf
     (directory / "meta.json").write_text(json.dumps({**meta, "prompt": {"style": "catalog"}}), encoding="utf-8")
     other = load_training_data(directory, small_artifact(smollm))
     with pytest.raises(TrainingDataError, match=r"catalog-style/meta.json: prompt_style is 'catalog', but 'short'"):
-        train(data, small_artifact(smollm), tiny_model(), base_name="tiny", output=tmp_path / "adapter",
-              settings=FAST, progress=False, also=[other])
+        train(data, small_artifact(smollm), copy.deepcopy(tiny_model()), base_name="tiny",
+              output=tmp_path / "adapter", settings=FAST, progress=False, also=[other])
     assert not (tmp_path / "adapter").exists()

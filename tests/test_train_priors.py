@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -182,8 +183,8 @@ def test_bonuses_need_a_row_per_example_and_training_matches_them(data: Training
         make_batch([primed.train[0], data.train[1]], pad_id=2)
     for settings, given in ((TrainSettings(steps=1, prior_weight=2.0), data), (TrainSettings(steps=1), primed)):
         with pytest.raises(ValueError, match="prior_weight"):
-            train(given, artifact, tiny_model(), base_name="tiny", output=tmp_path / "adapter", settings=settings,
-                  progress=False)
+            train(given, artifact, copy.deepcopy(tiny_model()), base_name="tiny", output=tmp_path / "adapter",
+                  settings=settings, progress=False)
 
 
 def test_an_adapter_trained_through_the_prior_ranks_through_it(data: TrainingData, smollm: TokenizerInfo,
@@ -195,7 +196,7 @@ def test_an_adapter_trained_through_the_prior_ranks_through_it(data: TrainingDat
 
     artifact = small_artifact(smollm)
     primed = with_priors(data, artifact, 3.0 * _similarities(data, artifact, 0))
-    train(primed, artifact, tiny_model(), base_name="tiny", output=tmp_path / "adapter", progress=False,
+    train(primed, artifact, copy.deepcopy(tiny_model()), base_name="tiny", output=tmp_path / "adapter", progress=False,
           settings=TrainSettings(steps=1, batch_size=2, prior_weight=3.0, prior="lexical", eval_every=0,
                                  eval_examples=0))
     adapter = read_adapter(tmp_path / "adapter")
