@@ -263,7 +263,8 @@ def test_the_proxy_forwards_a_thousand_tool_request_with_k_of_them(stack: Stack,
     assert through.status_code == 200, through.text
     assert through.headers["x-tooltrie-tools"] == "6/1000" and len(sent[0]) == 6
     assert through.json()["object"] == "chat.completion" and through.json()["choices"][0]["message"]["content"]
-    assert abs(through.json()["usage"]["prompt_tokens"] - prompt_tokens(sent[0])) <= 2
+    counted = prompt_tokens(sent[0])  # vLLM's jinja renders JSON a little differently: within 2 %
+    assert abs(through.json()["usage"]["prompt_tokens"] - counted) <= 0.02 * counted
     listed = prompt_tokens(tools)  # over the 2,048 vLLM is started with: refused whole
     assert direct.status_code == 400 and listed > 2048 and listed > 50 * prompt_tokens(sent[0]), direct.text
 
