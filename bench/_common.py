@@ -179,6 +179,26 @@ def take_turns(arms: Mapping[str, Arm], repeats: int, *, warmup: int = 0) -> dic
     return times
 
 
+def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float, *, what: str = "tooltrie serve",
+                 poll_s: float = 0.2) -> None:
+    """Until ``url``'s ``/healthz`` answers 200 (a ``tooltrie serve`` or ``proxy`` started as ``process``); raises
+    when the process exits first or ``timeout_s`` passes."""
+    import httpx
+
+    began = time.perf_counter()
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}")
+        if time.perf_counter() - began > timeout_s:
+            raise TimeoutError(f"{what} was not ready in {timeout_s:.0f} s")
+        try:
+            if httpx.get(url + "/healthz", timeout=60).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(poll_s)
+
+
 def run_json_worker(argv: Sequence[str], timeout_s: float) -> dict[str, Any]:
     """Run ``python argv...`` in a fresh process and parse the JSON object on its last stdout line.
 

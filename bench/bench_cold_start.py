@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import print_table, write_results
+from _common import print_table, wait_healthy, write_results
 from bench_compile import GB, synthetic_names
 
 from tooltrie.registry import BFCL_PATH
@@ -108,17 +108,7 @@ def serve_until_ready(python: str, artifact: Path, folder: Path, *, timeout_s: f
                                stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"{' '.join(command)} exited with {process.returncode}")
-            if time.perf_counter() - began > timeout_s:
-                raise TimeoutError(f"tooltrie serve was not ready in {timeout_s:.0f} s")
-            try:
-                if httpx.get(url + "/healthz", timeout=60).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(url, process, timeout_s, what=" ".join(command))
         ready = time.perf_counter() - began
         asked = time.perf_counter()
         answer = httpx.post(url + "/v1/discover", json={"query": QUERY, "k": 3}, timeout=120)

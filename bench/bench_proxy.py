@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import jinja2
-from _common import median, print_table, take_turns, write_results
+from _common import median, print_table, take_turns, wait_healthy, write_results
 
 from tooltrie.compiler import TokenizerInfo
 from tooltrie.eval.datasets import load_split
@@ -42,20 +42,6 @@ TEMPLATE = ("{% if tools %}<|im_start|>system\nYou may call these tools:\n{% for
 def rendered_tokens(tokenizer: TokenizerInfo, tools: list[dict[str, Any]], messages: list[dict[str, Any]]) -> int:
     text = jinja2.Template(TEMPLATE).render(tools=tools, messages=messages, add_generation_prompt=True)
     return len(tokenizer.encode(text))
-
-
-def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"tooltrie proxy exited with {process.returncode}")
-        try:
-            if httpx.get(url + "/healthz", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise RuntimeError("tooltrie proxy did not become ready")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -82,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
             try:
                 wait_up(vllm, vllm_url, work / "vllm.log")
-                wait_healthy(proxy_url, proxy)
+                wait_healthy(proxy_url, proxy, 600, what="tooltrie proxy", poll_s=1)
                 results = measure(vllm_url, proxy_url, tools, queries, tokenizer)
             finally:
                 proxy.terminate()
