@@ -9,13 +9,16 @@ prior's parts). Older sweeps keep their own copies of these tables; new ones use
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from tooltrie.eval.compare import bootstrap_interval, sign_test
+from tooltrie.eval.datasets import LabelledQuery, load_split, registry_path
+from tooltrie.registry import Registry, load_registry
 
 RESAMPLES = 10_000
 KINDS = ("plain", "need", "compound", "composed")
@@ -35,6 +38,22 @@ SETS: dict[str, dict[str, tuple[str, ...]]] = {
                    "composed": ("toolalpaca-composed",)},
 }
 REGISTRIES = tuple(SETS)
+
+
+def registry_file(name: str) -> Path:
+    """The file of development registry ``name`` (its first plain set's)."""
+    return registry_path(SETS[name]["plain"][0])
+
+
+def registry_of(name: str) -> Registry:
+    return load_registry(registry_file(name))
+
+
+def requests(name: str, kind: str, split: str = "test") -> list[LabelledQuery]:
+    """Registry ``name``'s labelled requests of ``kind`` (``KINDS``, or ``nofit``: the ones no tool serves) in
+    ``split``."""
+    sets = (f"{name}-nofit",) if kind == "nofit" else SETS[name][kind]
+    return [query for labelled in sets for query in load_split(labelled, split)]
 
 
 def choose(candidates: Sequence[str], criterion: Callable[[str, Sequence[str]], float]) -> dict[str, Any]:
@@ -60,4 +79,26 @@ def paired(a: npt.NDArray[Any], b: npt.NDArray[Any], seed: Sequence[int]) -> dic
             "p": sign_test(wins, losses)}
 
 
-__all__ = ["KINDS", "REGISTRIES", "SETS", "choose", "paired"]
+def paired_by_kind(ours: Mapping[str, Mapping[str, npt.NDArray[Any]]],
+                   base: Mapping[str, Mapping[str, npt.NDArray[Any]]], labels: tuple[str, str], seed: int
+                   ) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """Two arms' per-request rates (registry -> kind -> [requests]) paired: pooled over the registries per kind (each
+    with both means under ``labels``: ours, base), per registry and kind, and the pooled table's rows."""
+    pooled: dict[str, Any] = {}
+    rows = []
+    for j, kind in enumerate(KINDS):
+        a = np.concatenate([ours[r][kind] for r in REGISTRIES])
+        b = np.concatenate([base[r][kind] for r in REGISTRIES])
+        cell = pooled[kind] = {"n": len(a), labels[1]: float(b.mean()), labels[0]: float(a.mean()),
+                               **paired(a, b, (seed, j))}
+        rows.append({"kind": kind, "n": cell["n"], f"{labels[1]} %": 100 * cell[labels[1]],
+                     f"{labels[0]} %": 100 * cell[labels[0]], "difference": f"{100 * cell['difference']:+.2f}",
+                     "95% interval": f"{100 * cell['low']:+.2f}..{100 * cell['high']:+.2f}",
+                     "better/worse": f"{cell['better']}/{cell['worse']}"})
+    by_registry = {r: {kind: paired(ours[r][kind], base[r][kind], (i, j)) for j, kind in enumerate(KINDS)}
+                   for i, r in enumerate(REGISTRIES)}
+    return pooled, by_registry, rows
+
+
+__all__ = ["KINDS", "REGISTRIES", "SETS", "choose", "paired", "paired_by_kind", "registry_file", "registry_of",
+           "requests"]

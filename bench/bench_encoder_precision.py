@@ -17,13 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 from _common import median, print_table, write_results
-from _study import KINDS, REGISTRIES, SETS, paired
+from _study import KINDS, REGISTRIES, paired_by_kind, registry_of, requests
 
-from tooltrie.eval.datasets import load_split, registry_path
 from tooltrie.eval.scoring import answer_rates
 from tooltrie.precision import native_bf16
 from tooltrie.ranker import Ranker
-from tooltrie.registry import load_registry
 from tooltrie.retrieval import SentenceEncoder, tool_text
 
 PRECISIONS = ("float32", "bfloat16")
@@ -34,7 +32,7 @@ def exact_rates(ranker: Ranker, registry: Any, names: Sequence[str]) -> dict[str
     rates = {}
     for kind in KINDS:
         outcomes = []
-        for query in (q for name in SETS[names[0]][kind] for q in load_split(name, "test")):
+        for query in requests(names[0], kind):
             made = ranker.row(query.query, "retrieval", k=query.k)
             assert made.follow is not None
             chosen = [registry.names[i] for i in made.follow.top(query.k)]
@@ -56,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cosines: dict[str, float] = {}
     tools: dict[str, int] = {}
     for registry_name in REGISTRIES:
-        registry = load_registry(registry_path(SETS[registry_name]["plain"][0]))
+        registry = registry_of(registry_name)
         texts = [tool_text(tool) for tool in registry.tools]
         tools[registry_name] = len(texts)
         seconds[registry_name] = {precision: [] for precision in PRECISIONS}
@@ -70,22 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         cosines[registry_name] = float((vectors["float32"] * vectors["bfloat16"]).sum(-1).min())
         rates[registry_name] = {precision: exact_rates(rankers[precision], registry, [registry_name])
                                 for precision in PRECISIONS}
-    rows, results = [], {"pooled": {}, "by_registry": {}, "tools": tools, "embedding_s": seconds,
-                         "smallest_cosine": cosines}
-    for j, kind in enumerate(KINDS):
-        ours = np.concatenate([rates[r]["bfloat16"][kind] for r in REGISTRIES])
-        base = np.concatenate([rates[r]["float32"][kind] for r in REGISTRIES])
-        cell = {"n": len(ours), "bfloat16": float(ours.mean()), "float32": float(base.mean()),
-                **paired(ours, base, (7, j))}
-        results["pooled"][kind] = cell
-        rows.append({"kind": kind, "n": cell["n"], "float32 %": 100 * cell["float32"],
-                     "bfloat16 %": 100 * cell["bfloat16"], "difference": f"{100 * cell['difference']:+.2f}",
-                     "95% interval": f"{100 * cell['low']:+.2f}..{100 * cell['high']:+.2f}",
-                     "better/worse": f"{cell['better']}/{cell['worse']}"})
-    for i, registry_name in enumerate(REGISTRIES):
-        results["by_registry"][registry_name] = {kind: paired(rates[registry_name]["bfloat16"][kind],
-                                                              rates[registry_name]["float32"][kind], (i, j))
-                                                 for j, kind in enumerate(KINDS)}
+    pooled, by_registry, rows = paired_by_kind({r: rates[r]["bfloat16"] for r in REGISTRIES},
+                                               {r: rates[r]["float32"] for r in REGISTRIES},
+                                               ("bfloat16", "float32"), seed=7)
+    results = {"pooled": pooled, "by_registry": by_registry, "tools": tools, "embedding_s": seconds,
+               "smallest_cosine": cosines}
     print_table(rows, title="the prior alone, exact set on the five registries' test requests (pooled)")
     print_table([{"registry": r, "tools": tools[r], **{f"{p} s": median(seconds[r][p]) for p in PRECISIONS},
                   "speedup": f"{median(seconds[r]['float32']) / median(seconds[r]['bfloat16']):.2f}x",

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 from _common import median, peak_rss_bytes, print_table, run_json_worker, take_turns, write_results
-from _study import KINDS, REGISTRIES, SETS, paired
+from _study import KINDS, REGISTRIES, paired_by_kind, registry_file, requests
 
 MB = 2**20
 ARMS = ("before", "after")
@@ -124,7 +124,6 @@ def exact_rates(model: Any, info: Any) -> dict[str, dict[str, np.ndarray]]:
     """Per registry and kind, each test request's exact set (0/1) from the default ranker with ``model``."""
     from tooltrie.compiler import TokenizerInfo
     from tooltrie.compiler.sources import artifact_from
-    from tooltrie.eval.datasets import load_split, registry_path
     from tooltrie.eval.scoring import answer_rates
     from tooltrie.ranker import ranker_for
     from tooltrie.ranker_policy import auto_ranker, fused_weights
@@ -134,14 +133,14 @@ def exact_rates(model: Any, info: Any) -> dict[str, dict[str, np.ndarray]]:
     tokenizer = TokenizerInfo.load(info.tokenizer)
     rates: dict[str, dict[str, np.ndarray]] = {}
     for registry in REGISTRIES:
-        path = registry_path(SETS[registry]["plain"][0])
+        path = registry_file(registry)
         artifact = artifact_from(path, tokenizer)
         ranker = ranker_for(artifact, path, fused_weights(info.adapter, artifact))
         ranked = auto_ranker(info.adapter, artifact, retrieval=True)
         engine = Engine(model, tokenizer, artifact, prompt=Prompt.style(info.prompt_style), ranker=ranker)
         rates[registry] = {}
         for kind in KINDS:
-            queries = [q for name in SETS[registry][kind] for q in load_split(name, "test")]
+            queries = requests(registry, kind)
             answers = engine.run([Request(q.query, q.k, ranker=ranked) for q in queries])
             rates[registry][kind] = np.array([answer_rates([t.name for t in a.tools], list(q.tools))["exact"]
                                               for a, q in zip(answers, queries, strict=True)], float)
@@ -189,19 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         assert torch.equal(dict(was.named_buffers())[name], buffer), name
     del reference
     rates = {"before": exact_rates(was, info), "after": exact_rates(now, info)}
-    rows, pooled = [], {}
-    for j, kind in enumerate(KINDS):
-        after = np.concatenate([rates["after"][r][kind] for r in REGISTRIES])
-        before = np.concatenate([rates["before"][r][kind] for r in REGISTRIES])
-        cell = pooled[kind] = {"n": len(after), "before": float(before.mean()), "after": float(after.mean()),
-                               **paired(after, before, (11, j))}
-        rows.append({"kind": kind, "n": cell["n"], "before %": 100 * cell["before"], "after %": 100 * cell["after"],
-                     "difference": f"{100 * cell['difference']:+.2f}",
-                     "95% interval": f"{100 * cell['low']:+.2f}..{100 * cell['high']:+.2f}",
-                     "better/worse": f"{cell['better']}/{cell['worse']}"})
+    pooled, by_registry, rows = paired_by_kind(rates["after"], rates["before"], ("after", "before"), seed=11)
     print_table(rows, title="the default ranker, exact set, rotary frequencies in float32 (after) against bfloat16")
-    by_registry = {r: {kind: paired(rates["after"][r][kind], rates["before"][r][kind], (i, j))
-                       for j, kind in enumerate(KINDS)} for i, r in enumerate(REGISTRIES)}
     path = write_results("model_load", settings={"repeats": args.repeats, "dtype": str(dtype).removeprefix("torch."),
                                                  "threads": torch.get_num_threads()},
                          results={"load": loads, "load_samples": {arm: times[arm].samples for arm in ARMS},

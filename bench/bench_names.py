@@ -13,10 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from _common import print_table, write_results
-from _study import REGISTRIES, SETS
+from _study import REGISTRIES, registry_of
 
-from tooltrie.eval.datasets import registry_path
-from tooltrie.registry import load_registry
 from tooltrie.registry.named import SELECT, NameIndex, spellings
 
 FORMS = ("as written", "upper case", "snake_case", "camelCase", "words", "select:")
@@ -28,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results: dict[str, Any] = {}
     for name in REGISTRIES:
-        registry = load_registry(registry_path(SETS[name]["plain"][0]))
+        registry = registry_of(name)
         index = NameIndex(registry)
         cells: dict[str, dict[str, Any]] = {form: {"first": 0, "another written so": 0, "shared spelling": 0,
                                                    "missed": []} for form in FORMS}

@@ -26,11 +26,9 @@ from typing import Any
 
 import numpy as np
 from _common import print_table, write_results
-from _study import REGISTRIES, SETS
+from _study import REGISTRIES, registry_of, requests
 
-from tooltrie.eval.datasets import load_split, registry_path
 from tooltrie.ranker import Ranker
-from tooltrie.registry import load_registry
 
 FEATURES = {"dense": ("best cosine", "dense standing out", "lexical standing out"),
             "lexical": ("lexical standing out",)}
@@ -63,16 +61,11 @@ def request_features(kind_of_model: str) -> dict[str, dict[str, dict[str, np.nda
     """[registry][split][kind] -> [requests, features]; kinds: SERVED and "nofit"."""
     out: dict[str, dict[str, dict[str, np.ndarray]]] = {}
     for registry_name in REGISTRIES:
-        registry = load_registry(registry_path(SETS[registry_name]["plain"][0]))
-        ranker = Ranker(registry)
-        out[registry_name] = {}
-        for split in ("validation", "test"):
-            sets = {kind: SETS[registry_name][kind] for kind in SERVED}
-            sets["nofit"] = (f"{registry_name}-nofit",)
-            out[registry_name][split] = {
-                kind: np.array([features(ranker, q.query, dense=kind_of_model == "dense")
-                                for name in names for q in load_split(name, split)])
-                for kind, names in sets.items()}
+        ranker = Ranker(registry_of(registry_name))
+        out[registry_name] = {split: {kind: np.array([features(ranker, q.query, dense=kind_of_model == "dense")
+                                                      for q in requests(registry_name, kind, split)])
+                                      for kind in (*SERVED, "nofit")}
+                              for split in ("validation", "test")}
     return out
 
 
