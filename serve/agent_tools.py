@@ -19,7 +19,7 @@ from typing import Any
 
 from tooltrie.registry import Registry, tool_list_registry
 
-PREFIX = "agent-"  # agent lists' registry names: the prefix and 16 hex digits of the list's sha256
+PREFIX = "agent-"  # agent lists' registry names: the prefix and 16 hex digits of the list's sha256 (``list_name``)
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,16 @@ def list_digest(tools: list[Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def read_agent_tools(tools: list[Any], *, source: str = "the request's tools") -> AgentTools:
-    """The registry of an agent's tool list (named ``agent-<sha256 prefix>``), its platform tools left out. Raises
-    ``RegistryError`` (``RegistryProblems``) naming each bad entry by its index."""
-    registry = tool_list_registry(tools, name=PREFIX + list_digest(tools)[:16], source=source)
+def list_name(tools: list[Any]) -> str:
+    """The registry name of an agent's tool list: ``agent-`` and 16 hex digits of its digest (one per list)."""
+    return PREFIX + list_digest(tools)[:16]
+
+
+def read_agent_tools(tools: list[Any], *, source: str = "the request's tools",
+                     name: str | None = None) -> AgentTools:
+    """The registry of an agent's tool list (named ``list_name(tools)``, or ``name`` when the caller has it), its
+    platform tools left out. Raises ``RegistryError`` (``RegistryProblems``) naming each bad entry by its index."""
+    registry = tool_list_registry(tools, name=name or list_name(tools), source=source)
     definitions: dict[str, Mapping[str, Any]] = {}
     namespaces: dict[str, Mapping[str, Any]] = {}
     deferred: set[str] = set()
@@ -93,4 +99,4 @@ def _entries(tools: list[Any]) -> list[tuple[dict[str, Any], dict[str, Any] | No
     return found
 
 
-__all__ = ["PREFIX", "AgentTools", "list_digest", "read_agent_tools"]
+__all__ = ["PREFIX", "AgentTools", "list_digest", "list_name", "read_agent_tools"]

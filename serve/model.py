@@ -148,12 +148,13 @@ def load_model(
     """
     started = time.perf_counter()
     record: AdapterRecord | None = None
+    strict = False  # an adapter asked for by path must fit its base; the bundled one is left out when it does not
     if model is None or (str(model) == DEFAULT_MODEL_NAME and not Path(model).exists()):
         base, bundled = None, bundled_adapter() if adapter else None
         record = None if bundled is None else read_adapter(bundled)
     elif is_adapter_dir(model):
         asked = read_adapter(Path(model))
-        base, record = _base_of(asked), asked if adapter else None
+        base, record, strict = _base_of(asked), asked if adapter else None, True
     else:
         base = str(model)
     loaded, info, base_fingerprint = _load_base(base, dtype=dtype, cache_dir=cache_dir, started=started,
@@ -163,9 +164,9 @@ def load_model(
     if base_fingerprint != record.base_fingerprint:
         problem = (f"{record.path}: the adapter was trained on the base model {record.base_model} with fingerprint "
                    f"{record.base_fingerprint[:12]}, but {info.path} has fingerprint {str(base_fingerprint)[:12]}")
-        if model is not None and is_adapter_dir(model):  # asked for by path: refused
+        if strict:
             raise AdapterError(f"{problem}; train it again on this base (`make train`), or leave it out (--base)")
-        logger.warning("%s; answering with the base model alone", problem)  # the bundled one: left out
+        logger.warning("%s; answering with the base model alone", problem)
         return loaded, info
     return loaded, replace(info, adapter=record, prompt_style=record.prompt_style)
 

@@ -58,18 +58,15 @@ class ChatProxy:
         query = last_user_text(body.get("messages"))
         if not isinstance(tools, list) or len(tools) <= self.k or not query:
             return None
-        names = [_name(tool) for tool in tools]
-        kept = set(self.pin) | _called(body.get("messages")) | _chosen(body.get("tool_choice"))
-        deferred = [tool for tool in tools if _deferred(tool)]
-        if deferred:
-            kept |= {name for tool, name in zip(tools, names, strict=True) if name and not _deferred(tool)}
-        try:
-            found = await self.service.search(query, limit=self.k, tools=tools)
+        try:  # one compile per distinct list; its tools not deferred, where some are, are in the agent's context
+            agent = await self.service.agent_list(tools, None)
+            found = await self.service.search(query, limit=self.k, registry=agent.name)
         except ServeError as exc:  # a list this server cannot search (or not now): the upstream judges it whole
             logger.warning("forwarding all %d tools: %s", len(tools), exc)
             return None
-        picked = kept | {tool["name"] for tool in found["tools"]}
-        return [tool for tool, name in zip(tools, names, strict=True) if name in picked]
+        picked = (set(self.pin) | _called(body.get("messages")) | _chosen(body.get("tool_choice")) | agent.loaded
+                  | {tool["name"] for tool in found["tools"]})
+        return [tool for tool in tools if _name(tool) in picked]
 
     async def forward(self, body: dict[str, Any], headers: Mapping[str, str]) -> tuple[int, dict[str, str],
                                                                                      AsyncIterator[bytes]]:
@@ -126,14 +123,6 @@ def _name(tool: Any) -> str | None:
     function = tool.get("function")
     name = (function if isinstance(function, Mapping) else tool).get("name")
     return name if isinstance(name, str) else None
-
-
-def _deferred(tool: Any) -> bool:
-    if not isinstance(tool, Mapping):
-        return False
-    function = tool.get("function")
-    nested = isinstance(function, Mapping) and function.get("defer_loading") is True
-    return tool.get("defer_loading") is True or nested
 
 
 def _called(messages: Any) -> set[str]:

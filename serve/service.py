@@ -53,7 +53,7 @@ from tooltrie.registry.named import NameIndex
 from tooltrie.retrieval import MINILM_REQUIREMENT, locate_minilm
 from tooltrie.serve.access import ToolView
 from tooltrie.serve.adapter import AdapterRecord
-from tooltrie.serve.agent_tools import AgentTools, list_digest, read_agent_tools
+from tooltrie.serve.agent_tools import AgentTools, list_name, read_agent_tools
 from tooltrie.serve.engine import Engine
 from tooltrie.serve.errors import (
     ClientGoneError,
@@ -168,9 +168,11 @@ AGENT_LABEL = "agent-lists"  # the metrics' label of every agent list (one label
 
 @dataclass
 class _AgentList:
-    """An agent's tool list being served, and when it was last searched (``time.monotonic``)."""
+    """An agent's tool list being served: what it holds, its registry as served, and when it was last searched
+    (``time.monotonic``)."""
 
     tools: AgentTools
+    served: ServedRegistry
     used: float = 0.0
 
 
@@ -252,9 +254,8 @@ class DiscoveryService:
         self._rankers: dict[str, Ranker | None] = {name: engine.ranker for name, engine in engines.items()}
         self.worker = Worker(engines, queue_limit=self.limits.queue, metrics=self.metrics)
         self._reload_locks: dict[str, asyncio.Lock] = {}
-        # Agents' own tool lists (``agent_tools.py``): by the list's digest, the least recently searched first.
+        # Agents' own tool lists (``agent_tools.py``) by registry name, the least recently searched first.
         self._agent_lists: OrderedDict[str, _AgentList] = OrderedDict()
-        self._agent_served: dict[str, ServedRegistry] = {}  # their registries, by name
         self._agent_lock = asyncio.Lock()  # one list compiled at a time
         self._probing: asyncio.Future[dict[str, Any]] | None = None  # the probe decode health checks share
 
@@ -374,8 +375,8 @@ class DiscoveryService:
         return summary
 
     def served(self, name: str) -> ServedRegistry:
-        if name in self._agent_served:
-            return self._agent_served[name]
+        if name in self._agent_lists:
+            return self._agent_lists[name].served
         if name not in self._served:
             raise UnknownRegistryError(f"unknown registry {name!r}; this server serves "
                                        f"{', '.join(repr(n) for n in self._served)}")
@@ -388,11 +389,11 @@ class DiscoveryService:
             if self.policy is not None:  # the front end must authenticate first; never serve a policy's server open
                 raise UnauthorizedError("an API key is required: send Authorization: Bearer <key>")
             return self.served(self.default_registry if name is None else name)
-        if name in self._agent_served:
-            self._check_agent_tools(tenant)
-            return self._agent_served[name]
         if name is None:
             name = tenant.default_registry(self.default_registry)
+        if name in self._agent_lists:
+            self._check_agent_tools(tenant)
+            return self._agent_lists[name].served
         if name not in tenant.registries:
             raise ForbiddenError(f"registry {name[:80]!r} is not available to tenant {tenant.name!r}; its registries "
                                  f"are {', '.join(repr(n) for n in tenant.registries)}")
@@ -418,10 +419,10 @@ class DiscoveryService:
         as far as the list has its names and tags."""
         if tenant is None:
             return None
-        if registry.name not in self._agent_served:
+        if registry.name not in self._agent_lists:
             return tenant.registries.get(registry.name)
         assert tenant.agent_tools is not None  # ``served_for`` let it in
-        return tenant.agent_tools.within(registry.by_name, {tag for tool in registry.tools for tag in tool.tags})
+        return tenant.agent_tools.within(registry.by_name, registry.by_tag)
 
     def _names(self, registry: Registry) -> NameIndex:
         """Which tools a request names, over this version of ``registry`` (``registry/named.py``)."""
@@ -461,13 +462,13 @@ class DiscoveryService:
         """A tool search call (``tool_search.py``): up to ``limit`` tools of the registry, or of the agent's own
         ``tools`` (``agent_tools.py``; its deferred ones, where some are), of its ``namespaces`` (tags) when given,
         for ``query``, in ``form``'s shape answering ``call_id``."""
-        agent = None
         if tools is not None:
             if registry is not None:
                 raise InvalidRequestError("give a registry or the agent's tools, not both")
-            agent = await self.agent_list(tools, tenant)
-            registry = agent.name
+            registry = (await self.agent_list(tools, tenant)).name
         served = self.served_for(tenant, registry)
+        listed = self._agent_lists.get(served.name)
+        agent = None if listed is None else listed.tools
         view = self._view(tenant, served.artifact.registry)
         loaded = tuple(name for name in agent.loaded if name in view.by_name) if agent is not None else ()
         narrowed = tenant is not None or namespaces is not None or bool(loaded)
@@ -489,22 +490,21 @@ class DiscoveryService:
         if not tools or len(tools) > self.limits.max_agent_tools:
             raise InvalidRequestError(f"tools lists {len(tools)} tools; a search takes 1 to "
                                       f"{self.limits.max_agent_tools:,} (ServeLimits.max_agent_tools)")
-        digest = await asyncio.to_thread(list_digest, tools)
+        name = await asyncio.to_thread(list_name, tools)
         async with self._agent_lock:
-            entry = self._agent_lists.get(digest)
+            entry = self._agent_lists.get(name)
             if entry is None:
                 try:
-                    agent = await asyncio.to_thread(read_agent_tools, tools)
+                    agent = await asyncio.to_thread(read_agent_tools, tools, name=name)
                 except RegistryError as exc:
                     raise InvalidRequestError(f"tools: {exc}") from None
                 self._make_room()
                 served, engine = await asyncio.to_thread(self._agent_engine, agent)
-                self.worker.install(served.name, engine)
-                self._rankers[served.name] = engine.ranker
-                self._agent_served[served.name] = served
-                entry = self._agent_lists[digest] = _AgentList(agent)
+                self.worker.install(name, engine)
+                self._rankers[name] = engine.ranker
+                entry = self._agent_lists[name] = _AgentList(agent, served)
             entry.used = time.monotonic()
-            self._agent_lists.move_to_end(digest)
+            self._agent_lists.move_to_end(name)
             return entry.tools
 
     def _agent_engine(self, agent: AgentTools) -> tuple[ServedRegistry, Engine | RemoteEngine]:
@@ -521,15 +521,13 @@ class DiscoveryService:
         than a request may wait; else refuse the new list for now."""
         if len(self._agent_lists) < self.limits.agent_lists:
             return
-        digest, oldest = next(iter(self._agent_lists.items()))
+        name, oldest = next(iter(self._agent_lists.items()))
         idle = time.monotonic() - oldest.used
         if idle < self.limits.timeout_s:
             raise UnavailableError(f"{len(self._agent_lists)} agent tool lists are being searched "
                                    f"(ServeLimits.agent_lists); retry in {self.limits.timeout_s - idle:.0f} s")
-        del self._agent_lists[digest]
-        name = oldest.tools.name
+        del self._agent_lists[name]
         self.worker.remove(name)
-        del self._agent_served[name]
         self._rankers.pop(name, None)
         self._name_index.pop(name, None)
         for key in [key for key in self._views if key[1] == name]:
@@ -543,7 +541,7 @@ class DiscoveryService:
 
     def _prior_of(self, served: ServedRegistry) -> str:
         """The prior a request to ``served`` ranks over when it does not say: an agent list's is lexical."""
-        return AGENT_PRIOR if served.name in self._agent_served else self.prior
+        return AGENT_PRIOR if served.name in self._agent_lists else self.prior
 
     async def answer(self, request: Request, *, disconnected: Disconnected | None = None) -> Answer:
         """``discover``'s answer before it becomes the endpoint's JSON (``Answer.response``), counted in the
@@ -552,7 +550,7 @@ class DiscoveryService:
         tenant = request.tenant
         default = tenant.default_registry(self.default_registry) if tenant is not None else self.default_registry
         label = request.registry if request.registry in self._served else AGENT_LABEL if (
-            request.registry in self._agent_served) else default if request.registry is None else "-"
+            request.registry in self._agent_lists) else default if request.registry is None else "-"
         try:
             served = await self.admit(request)
             answer = await self._decode(request, disconnected=disconnected) if request.k else nothing_decoded(
